@@ -1,0 +1,1 @@
+"""The batchpilot sidecar: GPU and Triton telemetry next to each Triton server."""
