@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: venv lint unit test
+.PHONY: venv lint unit test crds
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -20,6 +20,9 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+
+crds: venv
+	$(PY) -m batchpilot.crds crds/batchpolicy.yaml
 
 unit: venv
 	$(PY) -m pytest tests/unit

@@ -1,0 +1,113 @@
+"""`batchpilot explain`: what a policy decides at an instant, why, and what it would apply."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from batchpilot.policy import decisions, loads, specs
+
+SIGNAL_NAMES = (*specs.LOAD_METRICS, decisions.RECOMMENDED_QUEUE_DELAY)
+
+
+def parse_signals(assignments: list[str]) -> decisions.Signals:
+    """`NAME=VALUE` pairs into signals; raises ValueError naming the bad pair."""
+    metrics: dict[str, float] = {}
+    for assignment in assignments:
+        name, separator, value = assignment.partition("=")
+        if not separator or name not in SIGNAL_NAMES:
+            raise ValueError(
+                f"--signal {assignment!r}: expected NAME=VALUE with NAME one of "
+                + ", ".join(SIGNAL_NAMES)
+            )
+        try:
+            metrics[name] = float(value)
+        except ValueError:
+            raise ValueError(f"--signal {assignment!r}: {value!r} is not a number") from None
+    return decisions.Signals(metrics=metrics)
+
+
+def parse_instant(text: str, spec: specs.BatchPolicySpec) -> datetime.datetime:
+    """An ISO 8601 instant; one without an offset is read in the schedule's time zone."""
+    try:
+        instant = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(
+            f"--at {text!r} is not an ISO 8601 time such as 2026-11-27T10:00:00-05:00"
+        ) from None
+    if instant.tzinfo is None:
+        zone = spec.schedule.zone if spec.schedule else datetime.UTC
+        instant = instant.replace(tzinfo=zone)
+    return instant
+
+
+def explain(
+    spec: specs.BatchPolicySpec, at: datetime.datetime, signals: decisions.Signals
+) -> decisions.Decision:
+    """The decision at `at`, taking the signals as steady and no profile as active yet."""
+    return decisions.decide(spec, at, signals, decisions.steady_memory(spec, signals))
+
+
+def _iso(instant: datetime.datetime | None) -> str | None:
+    if instant is None:
+        return None
+    return instant.astimezone(datetime.UTC).isoformat().replace("+00:00", "Z")
+
+
+def as_json(
+    spec: specs.BatchPolicySpec,
+    at: datetime.datetime,
+    signals: decisions.Signals,
+    decision: decisions.Decision,
+) -> dict[str, Any]:
+    return {
+        "at": _iso(at),
+        "profile": decision.profile,
+        "source": decision.source,
+        "reason": decision.reason,
+        "next_transition": _iso(decision.next_transition),
+        "dynamic_batching": decision.settings.dynamic_batching,
+        "max_batch_size": decision.settings.max_batch_size,
+        "signals": dict(signals.metrics),
+        "load_rules": [
+            {"rule": loads.describe(rule), "profile": rule.profile, "holding": state.holding}
+            for rule, state in zip(
+                spec.load.rules if spec.load else [],
+                decision.memory.rules.values(),
+                strict=True,
+            )
+        ],
+    }
+
+
+def as_text(
+    spec: specs.BatchPolicySpec,
+    at: datetime.datetime,
+    signals: decisions.Signals,
+    decision: decisions.Decision,
+) -> str:
+    zone = spec.schedule.zone if spec.schedule else datetime.UTC
+
+    def local(instant: datetime.datetime) -> str:
+        return f"{_iso(instant)} ({instant.astimezone(zone).strftime('%a %Y-%m-%d %H:%M %Z')})"
+
+    lines = [
+        f"At:               {local(at)}",
+        f"Profile:          {decision.profile}",
+        f"Decided by:       {decision.source}",
+        f"Reason:           {decision.reason}",
+        "Next transition:  "
+        + (local(decision.next_transition) if decision.next_transition else "none scheduled"),
+    ]
+    if signals.metrics:
+        lines.append("Signals:          " + _pairs(signals.metrics))
+    lines.append("dynamic_batching: " + json.dumps(decision.settings.dynamic_batching, indent=2))
+    if decision.settings.max_batch_size is not None:
+        lines.append(f"max_batch_size:   {decision.settings.max_batch_size}")
+    return "\n".join(lines)
+
+
+def _pairs(values: Mapping[str, float]) -> str:
+    return ", ".join(f"{name}={value:g}" for name, value in values.items())

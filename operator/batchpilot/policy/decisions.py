@@ -1,0 +1,240 @@
+"""The decision: which profile applies now, why, and until when.
+
+`decide` is the only place a profile is chosen. The operator, the standalone runner and
+`batchpilot explain` all call it, with the time and the signals as plain arguments and the
+previous call's memory handed back in, so every decision can be replayed and tested.
+
+Precedence: an unexpired override, then the first load rule that holds, then the first schedule
+window that covers the instant, then `defaultProfile`. A switch waits until the current profile
+has been active for `minDwellSeconds`, except a switch an override demands.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from batchpilot.policy import calendars, loads, rendering, schedules, specs
+
+Source = Literal["override", "load", "schedule", "default"]
+RECOMMENDED_QUEUE_DELAY = "recommendedQueueDelayMicroseconds"
+"""Signal name of the sidecar's queue-delay recommendation, used by SLO autotune."""
+
+
+@dataclass(frozen=True)
+class Signals:
+    """Live measurements, by load-metric name; a metric that could not be read is absent."""
+
+    metrics: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Memory:
+    """What a decision hands to the next one."""
+
+    profile: str | None = None
+    """The profile decided last time."""
+    since: datetime.datetime | None = None
+    """When that profile was switched to."""
+    rules: Mapping[str, loads.RuleState] = field(default_factory=dict)
+    """Load-rule states by `loads.rule_key`."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    profile: str
+    """The profile to run now."""
+    desired_profile: str
+    """The profile the rules ask for; differs from `profile` while dwell holds a switch back."""
+    source: Source
+    """What chose the desired profile."""
+    reason: str
+    next_transition: datetime.datetime | None
+    """When the decision next changes as far as the clock can tell; None if nothing is due."""
+    settings: rendering.Settings
+    memory: Memory
+    switched: bool
+    """Whether `profile` differs from the previous decision's."""
+
+
+@dataclass(frozen=True)
+class _Wish:
+    profile: str
+    source: Source
+    reason: str
+
+
+def decide(
+    spec: specs.BatchPolicySpec,
+    now: datetime.datetime,
+    signals: Signals,
+    memory: Memory,
+) -> Decision:
+    """Decide the profile for instant `now` (an aware datetime)."""
+    if now.tzinfo is None:
+        raise ValueError("decide() needs an aware datetime; naive times are ambiguous")
+    now = now.astimezone(datetime.UTC)  # same-zone datetimes compare by wall clock
+
+    rule_states, load_wish, pending = _evaluate_load_rules(spec, now, signals, memory)
+    wish = _override_wish(spec, now) or load_wish or _schedule_wish(spec, now)
+    if pending:
+        wish = _Wish(wish.profile, wish.source, f"{wish.reason} ({'; '.join(pending)})")
+
+    current = memory.profile if memory.profile in spec.profiles else None
+    dwell = datetime.timedelta(seconds=spec.min_dwell_seconds)
+    dwell_ends = memory.since + dwell if memory.since and current else None
+    held = (
+        current is not None
+        and wish.profile != current
+        and wish.source != "override"
+        and dwell_ends is not None
+        and now < dwell_ends
+    )
+    if held:
+        assert current is not None
+        assert dwell_ends is not None
+        profile = current
+        reason = (
+            f"holding {current} until {_stamp(dwell_ends)} (minDwellSeconds="
+            f"{spec.min_dwell_seconds}), then {wish.profile}: {wish.reason}"
+        )
+        next_transition: datetime.datetime | None = dwell_ends
+    else:
+        profile = wish.profile
+        reason = wish.reason
+        next_transition = _next_transition(spec, now, wish)
+
+    switched = profile != memory.profile
+    since = now if switched else memory.since
+    if next_transition is not None and since is not None and not held:
+        # A scheduled change that lands inside the dwell happens when the dwell ends.
+        next_transition = max(next_transition, since + dwell)
+    return Decision(
+        profile=profile,
+        desired_profile=wish.profile,
+        source=wish.source,
+        reason=reason,
+        next_transition=next_transition,
+        settings=_settings(spec, profile, signals),
+        memory=Memory(profile=profile, since=since, rules=rule_states),
+        switched=switched,
+    )
+
+
+def steady_memory(spec: specs.BatchPolicySpec, signals: Signals) -> Memory:
+    """Memory as if `signals` had held steady for longer than any rule's `for`, with no profile
+    decided yet: the premise of a point-in-time question such as `batchpilot explain`."""
+    rules = spec.load.rules if spec.load else []
+    return Memory(
+        rules={
+            loads.rule_key(number, rule): loads.steady_state(rule, signals.metrics)
+            for number, rule in enumerate(rules, start=1)
+        }
+    )
+
+
+def _override_wish(spec: specs.BatchPolicySpec, now: datetime.datetime) -> _Wish | None:
+    override = spec.override
+    if override is None or (override.until is not None and now >= override.until):
+        return None
+    until = f" until {_stamp(override.until)}" if override.until else ""
+    why = f": {override.reason}" if override.reason else ""
+    return _Wish(override.profile, "override", f"override to {override.profile}{until}{why}")
+
+
+def _evaluate_load_rules(
+    spec: specs.BatchPolicySpec,
+    now: datetime.datetime,
+    signals: Signals,
+    memory: Memory,
+) -> tuple[dict[str, loads.RuleState], _Wish | None, list[str]]:
+    """Advance every rule, even when an override wins, so none lags when control returns.
+
+    Returns the new states, the first holding rule's wish, and notes on rules that are
+    counting towards a change, so a reason can say a switch is coming."""
+    states: dict[str, loads.RuleState] = {}
+    wish: _Wish | None = None
+    pending: list[str] = []
+    for number, rule in enumerate(spec.load.rules if spec.load else [], start=1):
+        key = loads.rule_key(number, rule)
+        outcome = loads.evaluate(
+            rule, memory.rules.get(key, loads.RuleState()), signals.metrics, now
+        )
+        states[key] = outcome.state
+        if wish is None and outcome.state.holding:
+            wish = _Wish(
+                rule.profile,
+                "load",
+                f"load rule #{number} ({loads.describe(rule)}) holds: {outcome.explanation}",
+            )
+        elif outcome.state.crossing_since is not None or outcome.state.missing_since is not None:
+            pending.append(f"load rule #{number}: {outcome.explanation}")
+    return states, wish, pending
+
+
+def _schedule_wish(spec: specs.BatchPolicySpec, now: datetime.datetime) -> _Wish:
+    schedule = spec.schedule
+    occurrence = schedules.active_occurrence(schedule, now) if schedule else None
+    if schedule and occurrence:
+        return _Wish(
+            occurrence.window.profile,
+            "schedule",
+            f"schedule {schedules.describe(occurrence, schedule)}",
+        )
+    return _Wish(spec.default_profile, "default", _why_default(schedule, now))
+
+
+def _why_default(schedule: specs.Schedule | None, now: datetime.datetime) -> str:
+    if schedule is None or not schedule.windows:
+        return "defaultProfile (no schedule windows)"
+    local = now.astimezone(schedule.zone)
+    day = local.date()
+    if day in schedule.exceptions:
+        detail = f"{day.isoformat()} is an exception date"
+    elif schedule.calendar and calendars.session_on(schedule.calendar, day) is None:
+        detail = f"{day.isoformat()} is not a trading day on {schedule.calendar}"
+    elif schedule.calendar and schedules.active_occurrence(
+        schedule.model_copy(update={"calendar": None}), now
+    ):
+        detail = f"{local.strftime('%H:%M %Z')} is outside the {schedule.calendar} session"
+    else:
+        detail = f"no window covers {local.strftime('%a %Y-%m-%d %H:%M %Z')}"
+    return f"defaultProfile: {detail}"
+
+
+def _next_transition(
+    spec: specs.BatchPolicySpec, now: datetime.datetime, wish: _Wish
+) -> datetime.datetime | None:
+    if wish.source == "override":
+        return spec.override.until if spec.override else None
+    if wish.source == "load" or spec.schedule is None:
+        # A load rule lets go when the load falls, which no clock can tell.
+        return None
+    horizon = now + datetime.timedelta(days=schedules.LOOKAHEAD_DAYS)
+    instant = now
+    while instant < horizon:
+        change = schedules.next_change(spec.schedule, instant)
+        if change is None:
+            return None
+        instant, window_profile = change
+        if (window_profile or spec.default_profile) != wish.profile:
+            return instant
+    return None
+
+
+def _settings(spec: specs.BatchPolicySpec, profile: str, signals: Signals) -> rendering.Settings:
+    recommended = signals.metrics.get(RECOMMENDED_QUEUE_DELAY)
+    slo = spec.slo
+    if slo is None or not slo.autotune or recommended is None or not spec.slo_governs(profile):
+        return rendering.render(spec.profiles[profile])
+    tuned = min(
+        max(round(recommended), slo.min_queue_delay_microseconds),
+        slo.max_queue_delay_microseconds,
+    )
+    return rendering.render(spec.profiles[profile], queue_delay_microseconds=tuned)
+
+
+def _stamp(instant: datetime.datetime) -> str:
+    return instant.astimezone(datetime.UTC).isoformat().replace("+00:00", "Z")

@@ -1,0 +1,106 @@
+"""Load rules as small state machines with hysteresis.
+
+A rule starts to hold once its metric has stayed above `above` for `for`, and lets go once it
+has stayed below `below` (default `above`) for `for`, so a metric hovering near one threshold
+cannot make the fleet flap. A missing signal is not evidence either way: the rule keeps its
+state for a grace period, then lets go, so a dead sidecar hands control back to the schedule
+instead of pinning a load profile forever.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from batchpilot.policy import durations, specs
+
+# How long a holding rule survives missing signals when its `for` is shorter than this.
+MISSING_SIGNAL_GRACE = datetime.timedelta(seconds=30)
+
+
+@dataclass(frozen=True)
+class RuleState:
+    """What one rule remembers between evaluations."""
+
+    holding: bool = False
+    crossing_since: datetime.datetime | None = None
+    """When the metric first crossed the threshold that would flip `holding`."""
+    missing_since: datetime.datetime | None = None
+
+
+@dataclass(frozen=True)
+class RuleOutcome:
+    state: RuleState
+    value: float | None
+    explanation: str
+
+
+def rule_key(index: int, rule: specs.LoadRule) -> str:
+    """Identifies a rule across spec edits: its state carries over only if it is unchanged."""
+    return (
+        f"{index}:{rule.profile}:{rule.metric}>{rule.above}<{rule.release_below}"
+        f"/{rule.hold_seconds}s"
+    )
+
+
+def describe(rule: specs.LoadRule) -> str:
+    text = f"{rule.metric} > {rule.above:g}"
+    if rule.hold_seconds:
+        text += f" for {durations.format_duration(rule.hold_seconds)}"
+    return text
+
+
+def evaluate(
+    rule: specs.LoadRule,
+    state: RuleState,
+    signals: Mapping[str, float],
+    now: datetime.datetime,
+) -> RuleOutcome:
+    """Advance one rule by one observation."""
+    hold_for = datetime.timedelta(seconds=rule.hold_seconds)
+    value = signals.get(rule.metric)
+    if value is None:
+        missing_since = state.missing_since or now
+        grace = max(hold_for, MISSING_SIGNAL_GRACE)
+        missing_for = durations.format_duration((now - missing_since).total_seconds())
+        if state.holding and now - missing_since < grace:
+            return RuleOutcome(
+                replace(state, crossing_since=None, missing_since=missing_since),
+                None,
+                f"{rule.metric} unavailable for {missing_for}; keeping the rule held",
+            )
+        return RuleOutcome(
+            RuleState(missing_since=missing_since),
+            None,
+            f"{rule.metric} unavailable for {missing_for}",
+        )
+
+    crossing = value < rule.release_below if state.holding else value > rule.above
+    if not crossing:
+        return RuleOutcome(RuleState(holding=state.holding), value, _status(rule, state, value))
+    crossing_since = state.crossing_since or now
+    if now - crossing_since >= hold_for:
+        flipped = RuleState(holding=not state.holding)
+        return RuleOutcome(flipped, value, _status(rule, flipped, value))
+    waited = durations.format_duration((now - crossing_since).total_seconds())
+    threshold = f"< {rule.release_below:g}" if state.holding else f"> {rule.above:g}"
+    return RuleOutcome(
+        RuleState(holding=state.holding, crossing_since=crossing_since),
+        value,
+        f"{rule.metric}={value:g} {threshold} for {waited} of "
+        f"{durations.format_duration(rule.hold_seconds)}",
+    )
+
+
+def _status(rule: specs.LoadRule, state: RuleState, value: float) -> str:
+    if state.holding:
+        return f"{rule.metric}={value:g} (holds until < {rule.release_below:g})"
+    return f"{rule.metric}={value:g} (not > {rule.above:g})"
+
+
+def steady_state(rule: specs.LoadRule, signals: Mapping[str, float]) -> RuleState:
+    """The state of a rule whose metric has held its current value for long: what `explain`
+    assumes of the signals it is given."""
+    value = signals.get(rule.metric)
+    return RuleState(holding=value is not None and value > rule.above)

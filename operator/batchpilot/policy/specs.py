@@ -1,0 +1,471 @@
+"""The BatchPolicy API (`batchpilot.dev/v1alpha1`) as typed, immutable Python objects.
+
+These models are the one source of truth for the API: `batchpilot.crds` renders
+`crds/batchpolicy.yaml` from them (every attribute docstring becomes the field's description in
+`kubectl explain`, every constraint becomes an OpenAPI check, every cross-field rule a CEL rule),
+and the operator, the standalone runner and `batchpilot explain` parse policies with them.
+Field names are camelCase on the wire and snake_case in Python.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+import zoneinfo
+from functools import cached_property
+from typing import Annotated, Any, ClassVar, Literal
+
+import pydantic
+import pydantic_core
+from pydantic import AwareDatetime, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from batchpilot.policy import calendars, durations, validations
+
+MAX_QUEUE_DELAY_MICROSECONDS = 60_000_000
+MAX_BATCH_SIZE = 4096
+PROFILE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+Weekday = Literal["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
+WEEKDAYS: tuple[Weekday, ...] = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+LoadMetric = Literal["queueDepth", "requestRate", "p95LatencyMs", "queueTimeMs", "gpuUtilization"]
+LOAD_METRICS: tuple[LoadMetric, ...] = (
+    "queueDepth",
+    "requestRate",
+    "p95LatencyMs",
+    "queueTimeMs",
+    "gpuUtilization",
+)
+
+BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE)]
+QueueDelay = Annotated[int, Field(ge=0, le=MAX_QUEUE_DELAY_MICROSECONDS)]
+LocalTime = Annotated[str, Field(pattern=r"^([01][0-9]|2[0-3]):[0-5][0-9]$")]
+LocalEndTime = Annotated[str, Field(pattern=r"^(([01][0-9]|2[0-3]):[0-5][0-9]|24:00)$")]
+Duration = Annotated[str, Field(min_length=2, max_length=32, pattern=durations.DURATION_PATTERN)]
+PortRef = Annotated[int | str, Field(json_schema_extra={"x-kubernetes-int-or-string": True})]
+
+
+def _cel_rules_into_schema(schema: dict[str, Any], model: type[Any]) -> None:
+    rules = getattr(model, "cross_field_rules", ())
+    if rules:
+        schema["x-kubernetes-validations"] = [rule.as_cel_validation() for rule in rules]
+
+
+class Model(pydantic.BaseModel):
+    """Base of every API object: immutable, camelCase on the wire, unknown fields rejected."""
+
+    model_config = ConfigDict(
+        frozen=True,
+        extra="forbid",
+        alias_generator=to_camel,
+        use_attribute_docstrings=True,
+        json_schema_extra=_cel_rules_into_schema,
+    )
+
+    cross_field_rules: ClassVar[tuple[validations.CrossFieldRule, ...]] = ()
+
+    @pydantic.model_validator(mode="after")
+    def _check_cross_field_rules(self) -> Model:
+        for rule in self.cross_field_rules:
+            if not rule.holds(self):
+                raise pydantic_core.PydanticCustomError(
+                    "cross_field",
+                    rule.message,
+                    {"field_path": rule.field_path or ""},
+                )
+        return self
+
+
+class QueuePolicy(Model):
+    """How Triton treats queued requests: timeouts and the queue's bound."""
+
+    timeout_action: Literal["REJECT", "DELAY"] = "REJECT"
+    """What happens to a request that times out in the queue: REJECT fails it, DELAY lets it
+    wait behind requests that have not timed out."""
+    default_timeout_microseconds: Annotated[int, Field(ge=0)] = 0
+    """Queue timeout for requests that do not set their own; 0 means no timeout."""
+    allow_timeout_override: bool = False
+    """Whether a request may set a shorter timeout of its own."""
+    max_queue_size: Annotated[int, Field(ge=0, le=4_294_967_295)] = 0
+    """Requests beyond this many queued are rejected at once; 0 means unbounded."""
+
+
+class PriorityQueuePolicy(QueuePolicy):
+    """A queue policy for one priority level."""
+
+    priority_level: Annotated[int, Field(ge=1)]
+    """The priority level (1 is highest) this policy applies to."""
+
+
+class Profile(Model):
+    """One batching configuration, rendered into the model's `dynamic_batching` message.
+
+    A profile owns the whole `dynamic_batching` message: a field left out takes Triton's default,
+    so switching between profiles never depends on which profile was applied before."""
+
+    max_queue_delay_microseconds: QueueDelay
+    """How long Triton may hold a request to build a bigger batch (0..60,000,000 µs)."""
+    preferred_batch_sizes: Annotated[
+        list[BatchSize],
+        Field(max_length=16, json_schema_extra={"x-kubernetes-list-type": "set"}),
+    ] = []
+    """Batch sizes Triton dispatches as soon as it can form them (1..4096 each)."""
+    max_batch_size: BatchSize | None = None
+    """Caps the model's max_batch_size while the profile is active; never above the model's own.
+    When absent the model's own max_batch_size is used."""
+    preserve_ordering: bool | None = None
+    """Return responses in the order requests arrived."""
+    priority_levels: Annotated[int, Field(ge=1, le=255)] | None = None
+    """Number of priority levels; requests with a higher level (smaller number) go first."""
+    default_priority_level: Annotated[int, Field(ge=1, le=255)] | None = None
+    """Priority level of requests that do not set one; needs priorityLevels."""
+    queue_policy: QueuePolicy | None = None
+    """Queue policy for all priority levels without one of their own (default_queue_policy)."""
+    priority_queue_policy: Annotated[
+        list[PriorityQueuePolicy],
+        Field(
+            max_length=255,
+            json_schema_extra={
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["priorityLevel"],
+            },
+        ),
+    ] = []
+    """Queue policies for individual priority levels."""
+
+    cross_field_rules = (
+        validations.CrossFieldRule(
+            cel="!has(self.maxBatchSize) || !has(self.preferredBatchSizes)"
+            " || self.preferredBatchSizes.all(b, b <= self.maxBatchSize)",
+            message="every preferred batch size must be at most maxBatchSize",
+            field_path=".preferredBatchSizes",
+            holds=lambda p: (
+                p.max_batch_size is None
+                or all(size <= p.max_batch_size for size in p.preferred_batch_sizes)
+            ),
+        ),
+        validations.CrossFieldRule(
+            cel="!has(self.defaultPriorityLevel)"
+            " || (has(self.priorityLevels) && self.defaultPriorityLevel <= self.priorityLevels)",
+            message="defaultPriorityLevel needs priorityLevels and must be at most priorityLevels",
+            field_path=".defaultPriorityLevel",
+            holds=lambda p: (
+                p.default_priority_level is None
+                or (p.priority_levels is not None and p.default_priority_level <= p.priority_levels)
+            ),
+        ),
+        validations.CrossFieldRule(
+            cel="!has(self.priorityQueuePolicy) || size(self.priorityQueuePolicy) == 0"
+            " || (has(self.priorityLevels)"
+            " && self.priorityQueuePolicy.all(q, q.priorityLevel <= self.priorityLevels))",
+            message="every priorityQueuePolicy level needs priorityLevels and must be at most it",
+            field_path=".priorityQueuePolicy",
+            holds=lambda p: all(
+                p.priority_levels is not None and q.priority_level <= p.priority_levels
+                for q in p.priority_queue_policy
+            ),
+        ),
+    )
+
+
+class LabelSelectorRequirement(Model):
+    """A label selector requirement, as in Kubernetes label selectors."""
+
+    key: Annotated[str, Field(min_length=1, max_length=317)]
+    """The label key."""
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    """How the key relates to the values."""
+    values: Annotated[list[str], Field(max_length=64)] = []
+    """Values for In and NotIn; empty for Exists and DoesNotExist."""
+
+
+class LabelSelector(Model):
+    """Selects Pods by label, as in a Deployment's selector."""
+
+    match_labels: dict[str, str] = {}
+    """Labels a Pod must carry, all of them."""
+    match_expressions: Annotated[list[LabelSelectorRequirement], Field(max_length=16)] = []
+    """Requirements a Pod must meet, all of them."""
+
+
+class Target(Model):
+    """Which Triton servers and models the policy governs."""
+
+    selector: LabelSelector
+    """Triton Pods in the policy's namespace that the policy governs."""
+    port: PortRef = 8000
+    """Triton's HTTP port on each Pod, by number or by container port name."""
+    sidecar_port: PortRef = 9400
+    """The batchpilot sidecar's port on each Pod, by number or name (load signals, SLO fit)."""
+    models: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=253)]],
+        Field(max_length=64, json_schema_extra={"x-kubernetes-list-type": "set"}),
+    ] = []
+    """Names of the Triton models to govern; empty means every model the server has loaded."""
+
+
+class Window(Model):
+    """A weekly window in which a profile applies, in the schedule's time zone."""
+
+    profile: str
+    """The profile that applies inside the window; must name one of spec.profiles."""
+    days: Annotated[
+        list[Weekday],
+        Field(min_length=1, max_length=7, json_schema_extra={"x-kubernetes-list-type": "set"}),
+    ] = list(WEEKDAYS)
+    """Days the window starts on (Mon..Sun); a window that crosses midnight belongs to the day it
+    starts. Defaults to every day."""
+    start: LocalTime
+    """Local start time, HH:MM (24-hour clock)."""
+    end: LocalEndTime
+    """Local end time, HH:MM or 24:00. An end at or before the start crosses midnight."""
+
+    cross_field_rules = (
+        validations.CrossFieldRule(
+            cel="self.start != self.end",
+            message="end must differ from start",
+            field_path=".end",
+            holds=lambda w: w.start != w.end,
+        ),
+    )
+
+
+class Schedule(Model):
+    """When each profile applies by the clock: weekly windows, exception dates and an optional
+    exchange calendar."""
+
+    timezone: Annotated[str, Field(min_length=1, max_length=64)] = "UTC"
+    """IANA time zone of the windows and exception dates, e.g. America/New_York."""
+    calendar: Annotated[str, Field(min_length=1, max_length=32)] | None = None
+    """Exchange calendar, e.g. XNYS. When set, a window applies only inside that day's trading
+    session: not on holidays, and only until an early close."""
+    windows: Annotated[list[Window], Field(max_length=64)] = []
+    """Windows in order of precedence: the first that covers an instant wins."""
+    exceptions: Annotated[
+        list[datetime.date],
+        Field(max_length=1000, json_schema_extra={"x-kubernetes-list-type": "set"}),
+    ] = []
+    """Local dates (YYYY-MM-DD) on which no window starts."""
+
+    @pydantic.field_validator("timezone")
+    @classmethod
+    def _known_timezone(cls, name: str) -> str:
+        try:
+            zoneinfo.ZoneInfo(name)
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown time zone {name!r} (use an IANA name such as UTC)") from None
+        return name
+
+    @pydantic.field_validator("calendar")
+    @classmethod
+    def _known_calendar(cls, name: str | None) -> str | None:
+        if name is not None and not calendars.is_known(name):
+            raise ValueError(f"unknown exchange calendar {name!r} (for example XNYS, XLON)")
+        return name
+
+    @cached_property
+    def zone(self) -> zoneinfo.ZoneInfo:
+        return zoneinfo.ZoneInfo(self.timezone)
+
+
+class LoadRule(Model):
+    """Switch to a profile while a load signal stays high."""
+
+    profile: str
+    """The profile that applies while the rule holds; must name one of spec.profiles."""
+    metric: LoadMetric
+    """The signal, aggregated over all governed replicas and models: queueDepth (pending
+    requests, summed), requestRate (requests/s, summed), p95LatencyMs (worst replica),
+    queueTimeMs (average queue time per request), gpuUtilization (percent, averaged)."""
+    above: float
+    """The rule starts to hold once the metric has stayed above this for the `for` duration."""
+    below: float | None = None
+    """Once holding, the rule lets go when the metric has stayed below this for the `for`
+    duration; defaults to `above`. Must be at most `above`."""
+    hold_for: Duration = Field("0s", alias="for")
+    """How long the metric must stay past a threshold before the rule changes state, e.g. 60s."""
+
+    cross_field_rules = (
+        validations.CrossFieldRule(
+            cel="!has(self.below) || self.below <= self.above",
+            message="below must be at most above",
+            field_path=".below",
+            holds=lambda r: r.below is None or r.below <= r.above,
+        ),
+    )
+
+    @property
+    def release_below(self) -> float:
+        return self.above if self.below is None else self.below
+
+    @property
+    def hold_seconds(self) -> int:
+        return durations.parse_duration(self.hold_for)
+
+
+class PrometheusSource(Model):
+    """Where to query load signals when load.source is prometheus."""
+
+    url: Annotated[str, Field(max_length=2048, pattern=r"^https?://")]
+    """Base URL of the Prometheus HTTP API, e.g. http://prometheus.monitoring:9090."""
+
+
+class Load(Model):
+    """Load rules: switch profiles on live signals, with hysteresis."""
+
+    source: Literal["sidecar", "prometheus"] = "sidecar"
+    """Where signals come from: the batchpilot sidecars (default) or a Prometheus server."""
+    prometheus: PrometheusSource | None = None
+    """Prometheus to query; required when source is prometheus."""
+    rules: Annotated[list[LoadRule], Field(max_length=32)] = []
+    """Rules in order of precedence: the first that holds wins."""
+
+    cross_field_rules = (
+        validations.CrossFieldRule(
+            cel="self.source != 'prometheus' || has(self.prometheus)",
+            message="prometheus.url is required when source is prometheus",
+            field_path=".prometheus",
+            holds=lambda load: load.source != "prometheus" or load.prometheus is not None,
+        ),
+    )
+
+
+class Slo(Model):
+    """The latency objective, and whether the queue delay is tuned to meet it."""
+
+    p95_latency_ms: Annotated[float, Field(gt=0, le=600_000)]
+    """The p95 request latency objective in milliseconds."""
+    profiles: Annotated[
+        list[str], Field(max_length=32, json_schema_extra={"x-kubernetes-list-type": "set"})
+    ] = []
+    """Profiles the objective applies to; empty means all."""
+    autotune: bool = False
+    """Replace the profile's queue delay with the sidecar's recommendation for this objective."""
+    min_queue_delay_microseconds: QueueDelay = 0
+    """Lowest queue delay autotune may set."""
+    max_queue_delay_microseconds: QueueDelay = 100_000
+    """Highest queue delay autotune may set."""
+
+    cross_field_rules = (
+        validations.CrossFieldRule(
+            cel="self.minQueueDelayMicroseconds <= self.maxQueueDelayMicroseconds",
+            message="minQueueDelayMicroseconds must be at most maxQueueDelayMicroseconds",
+            field_path=".minQueueDelayMicroseconds",
+            holds=lambda slo: slo.min_queue_delay_microseconds <= slo.max_queue_delay_microseconds,
+        ),
+    )
+
+
+class Override(Model):
+    """A manual override: this profile applies until the given time, ahead of every rule."""
+
+    profile: str
+    """The profile to force; must name one of spec.profiles."""
+    until: AwareDatetime | None = None
+    """When the override ends (RFC 3339, e.g. 2026-11-22T23:00:00Z); absent means until removed."""
+    reason: Annotated[str, Field(max_length=256)] = ""
+    """Why, for the status and events."""
+
+
+class Rollout(Model):
+    """How a profile change rolls out across the Triton replicas."""
+
+    max_unavailable: Annotated[int, Field(ge=1, le=1000)] = 1
+    """Replicas switched at the same time; also how many may fail before the rollout stops."""
+    drain_timeout_seconds: Annotated[int, Field(ge=0, le=3600)] = 30
+    """For Pods with the batchpilot.dev/config-applied readiness gate: how long to wait for
+    in-flight requests to finish after taking the replica out of its Services."""
+    unload_before_load: bool = False
+    """Unload the model before loading the new configuration, so a GPU never holds two copies;
+    the model is unavailable on that replica meanwhile."""
+    verify_timeout_seconds: Annotated[int, Field(ge=1, le=3600)] = 120
+    """How long a replica may take to load and report the new configuration before it is rolled
+    back."""
+
+
+def _names_profile(spec: BatchPolicySpec, name: str) -> bool:
+    return name in spec.profiles
+
+
+class BatchPolicySpec(Model):
+    """Which Triton models are governed, which batching profiles exist, and when each applies:
+    override > load rules > schedule windows > defaultProfile."""
+
+    target: Target
+    """Which Triton Pods and models the policy governs."""
+    profiles: Annotated[dict[str, Profile], Field(min_length=1, max_length=32)]
+    """Named batching profiles, e.g. interactive and bulk."""
+    default_profile: str
+    """The profile that applies when no override, load rule or window does."""
+    schedule: Schedule | None = None
+    """Clock-based windows."""
+    load: Load | None = None
+    """Load-based rules."""
+    slo: Slo | None = None
+    """Latency objective and queue-delay autotuning."""
+    min_dwell_seconds: Annotated[int, Field(ge=0, le=86_400)] = 300
+    """Least time to stay in a profile before switching again (an override switches at once)."""
+    override: Override | None = None
+    """Manual override, ahead of every rule until it expires."""
+    rollout: Rollout = Rollout()
+    """How switches roll out across replicas."""
+    dry_run: bool = False
+    """Decide and report in status and events, but change no Triton server."""
+
+    cross_field_rules = (
+        validations.CrossFieldRule(
+            cel="self.profiles.all(name, size(name) <= 63"
+            f" && name.matches('{PROFILE_NAME_PATTERN}'))",
+            message="profile names must be lowercase DNS labels (a-z, 0-9, '-'), e.g. interactive",
+            field_path=".profiles",
+            holds=lambda s: all(
+                len(name) <= 63 and re.fullmatch(PROFILE_NAME_PATTERN, name) for name in s.profiles
+            ),
+        ),
+        validations.CrossFieldRule(
+            cel="self.defaultProfile in self.profiles",
+            message="defaultProfile must name one of spec.profiles",
+            field_path=".defaultProfile",
+            holds=lambda s: _names_profile(s, s.default_profile),
+        ),
+        validations.CrossFieldRule(
+            cel="!has(self.schedule) || !has(self.schedule.windows)"
+            " || self.schedule.windows.all(w, w.profile in self.profiles)",
+            message="every schedule window's profile must name one of spec.profiles",
+            field_path=".schedule.windows",
+            holds=lambda s: (
+                s.schedule is None or all(_names_profile(s, w.profile) for w in s.schedule.windows)
+            ),
+        ),
+        validations.CrossFieldRule(
+            cel="!has(self.load) || !has(self.load.rules)"
+            " || self.load.rules.all(r, r.profile in self.profiles)",
+            message="every load rule's profile must name one of spec.profiles",
+            field_path=".load.rules",
+            holds=lambda s: (
+                s.load is None or all(_names_profile(s, r.profile) for r in s.load.rules)
+            ),
+        ),
+        validations.CrossFieldRule(
+            cel="!has(self.override) || self.override.profile in self.profiles",
+            message="override.profile must name one of spec.profiles",
+            field_path=".override.profile",
+            holds=lambda s: s.override is None or _names_profile(s, s.override.profile),
+        ),
+        validations.CrossFieldRule(
+            cel="!has(self.slo) || !has(self.slo.profiles)"
+            " || self.slo.profiles.all(p, p in self.profiles)",
+            message="every slo.profiles entry must name one of spec.profiles",
+            field_path=".slo.profiles",
+            holds=lambda s: s.slo is None or all(_names_profile(s, p) for p in s.slo.profiles),
+        ),
+    )
+
+    def slo_governs(self, profile: str) -> bool:
+        """Whether the latency objective applies while `profile` is active."""
+        return self.slo is not None and (not self.slo.profiles or profile in self.slo.profiles)
+
+
+def parse_spec(document: Any) -> BatchPolicySpec:
+    """Validate a spec (already decoded from YAML or JSON); raises pydantic.ValidationError."""
+    return BatchPolicySpec.model_validate(document)

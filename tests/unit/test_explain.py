@@ -1,0 +1,130 @@
+"""`batchpilot explain` on the sample policy and on broken files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from batchpilot import cli
+
+SAMPLE = Path(__file__).resolve().parents[2] / "manifests" / "batchpolicy.yaml"
+
+
+def explain_json(capsys: pytest.CaptureFixture[str], *arguments: str) -> dict[str, Any]:
+    assert cli.main(["explain", "--policy", str(SAMPLE), "-o", "json", *arguments]) == 0
+    result: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return result
+
+
+@pytest.mark.parametrize(
+    ("at", "profile", "next_transition"),
+    [
+        # Thanksgiving: NYSE closed, bulk all day until Friday's open.
+        ("2026-11-26T10:00:00-05:00", "bulk", "2026-11-27T14:30:00Z"),
+        # The day after: interactive, but only until the 13:00 early close.
+        ("2026-11-27T10:00:00-05:00", "interactive", "2026-11-27T18:00:00Z"),
+        ("2026-11-27T13:30:00-05:00", "bulk", "2026-11-30T14:30:00Z"),
+        # DST started on 2026-03-08: Monday opens at 13:30Z, not 14:30Z.
+        ("2026-03-07T12:00:00Z", "bulk", "2026-03-09T13:30:00Z"),
+        ("2026-03-09T09:45:00", "interactive", "2026-03-09T20:00:00Z"),
+        # DST ended on 2026-11-01: Monday opens at 14:30Z again.
+        ("2026-10-31T12:00:00Z", "bulk", "2026-11-02T14:30:00Z"),
+        # The desk's own exception date, an XNYS early-close day.
+        ("2026-12-24T10:00:00-05:00", "bulk", "2026-12-28T14:30:00Z"),
+    ],
+)
+def test_explain_sample_at_named_instants(
+    capsys: pytest.CaptureFixture[str], at: str, profile: str, next_transition: str
+) -> None:
+    result = explain_json(capsys, "--at", at)
+    assert result["profile"] == profile
+    assert result["next_transition"] == next_transition
+    assert result["reason"]
+    assert result["dynamic_batching"]["max_queue_delay_microseconds"] > 0
+
+
+def test_explain_with_a_load_signal_switches_and_shows_the_message(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    result = explain_json(capsys, "--at", "2026-11-24T10:00:00-05:00", "--signal", "queueDepth=500")
+    assert (result["profile"], result["source"]) == ("bulk", "load")
+    assert result["dynamic_batching"]["preferred_batch_size"] == [64, 128]
+    assert result["load_rules"] == [
+        {"rule": "queueDepth > 200 for 1m", "profile": "bulk", "holding": True}
+    ]
+
+
+def test_explain_applies_the_autotuned_delay_within_bounds(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    result = explain_json(
+        capsys,
+        "--at",
+        "2026-11-24T10:00:00-05:00",
+        "--signal",
+        "recommendedQueueDelayMicroseconds=1500",
+    )
+    assert result["profile"] == "interactive"
+    assert result["dynamic_batching"]["max_queue_delay_microseconds"] == 1500
+    assert result["max_batch_size"] == 16
+
+
+def test_explain_text_output_reads_well(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["explain", "--policy", str(SAMPLE), "--at", "2026-11-27T12:00:00-05:00"]) == 0
+    out = capsys.readouterr().out
+    assert "Profile:          interactive" in out
+    assert "clipped to the XNYS session 09:30-13:00" in out
+    assert "Next transition:  2026-11-27T18:00:00Z (Fri 2026-11-27 13:00 EST)" in out
+    assert '"max_queue_delay_microseconds": 2000' in out
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (
+            "kind: BatchPolicy\napiVersion: batchpilot.dev/v1alpha1\nspec:\n  profiles: {}\n",
+            "spec.target: Field required",
+        ),
+        ("{not yaml", "(yaml)"),
+        ("kind: Deployment\napiVersion: apps/v1\n", "kind: must be BatchPolicy"),
+        (
+            "target: {selector: {}}\nprofiles: {a: {maxQueueDelayMicroseconds: 1}}\n"
+            "defaultProfile: a\nschedule: {timezone: Mars/Olympus}\n",
+            "spec.schedule.timezone: unknown time zone 'Mars/Olympus'",
+        ),
+        (
+            "target: {selector: {}}\nprofiles: {a: {maxQueueDelayMicroseconds: 1}}\n"
+            "defaultProfile: a\nschedule: {calendar: NOPE}\n",
+            "spec.schedule.calendar: unknown exchange calendar 'NOPE'",
+        ),
+        (
+            "target: {selector: {}}\n"
+            "profiles: {a: {maxQueueDelayMicroseconds: 1, maxQueueDelay: 5}}\n"
+            "defaultProfile: a\n",
+            "spec.profiles.a.maxQueueDelay: Extra inputs are not permitted",
+        ),
+    ],
+)
+def test_broken_policy_prints_the_field_path_and_exits_non_zero(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, expected: str
+) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(content, encoding="utf-8")
+    assert cli.main(["explain", "--policy", str(policy)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert expected in captured.err
+
+
+def test_missing_file_and_bad_arguments_are_clear(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert cli.main(["explain", "--policy", str(tmp_path / "absent.yaml")]) == 2
+    assert "No such file or directory" in capsys.readouterr().err
+    assert cli.main(["explain", "--policy", str(SAMPLE), "--signal", "cpu=3"]) == 2
+    assert "expected NAME=VALUE with NAME one of queueDepth" in capsys.readouterr().err
+    assert cli.main(["explain", "--policy", str(SAMPLE), "--at", "tomorrow"]) == 2
+    assert "is not an ISO 8601 time" in capsys.readouterr().err
