@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime
 import json
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,14 +15,18 @@ from batchpilot import __version__, explaining
 from batchpilot.policy import documents, specs
 
 
-def _read_policy(path: Path) -> specs.BatchPolicySpec:
+def _read_named_policy(path: Path) -> documents.NamedPolicy:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as error:
         raise documents.PolicyError(
             [documents.Problem(str(path), error.strerror or str(error))]
         ) from None
-    return documents.parse_yaml(text)
+    return documents.parse_yaml_policy(text, default_name=path.stem)
+
+
+def _read_policy(path: Path) -> specs.BatchPolicySpec:
+    return _read_named_policy(path).spec
 
 
 def _explain(arguments: argparse.Namespace) -> int:
@@ -37,6 +43,27 @@ def _explain(arguments: argparse.Namespace) -> int:
     else:
         print(explaining.as_text(spec, at, signals, decision))
     return 0
+
+
+def _run(arguments: argparse.Namespace) -> int:
+    # Imported here so that `explain` starts fast, without the network stack.
+    from batchpilot import running
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    named = _read_named_policy(arguments.policy)
+    return asyncio.run(
+        running.run_standalone(
+            name=named.name,
+            spec=named.spec,
+            triton_urls=arguments.triton,
+            metrics_urls=arguments.triton_metrics,
+            interval=arguments.interval,
+            listen=running.parse_listen(arguments.listen),
+            ticks=arguments.ticks,
+        )
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,6 +97,38 @@ def build_parser() -> argparse.ArgumentParser:
     )
     explain.add_argument("-o", "--output", choices=("text", "json"), default="text")
     explain.set_defaults(handler=_explain)
+
+    run = commands.add_parser(
+        "run",
+        help="make Triton servers follow a policy, without Kubernetes",
+        description="Each tick: read load signals from Triton's metrics, decide, and apply the "
+        "decided profile to every server, one after another, repairing drift (e.g. after a "
+        "server restart). Stops cleanly on SIGTERM or Ctrl-C.",
+    )
+    run.add_argument("--policy", type=Path, required=True, help="BatchPolicy YAML file")
+    run.add_argument(
+        "--triton",
+        action="append",
+        required=True,
+        metavar="URL",
+        help="Triton HTTP endpoint, e.g. http://10.0.0.5:8000 (repeatable); the server must run "
+        "with --model-control-mode=explicit",
+    )
+    run.add_argument(
+        "--triton-metrics",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="Triton metrics URL per --triton, in the same order (default: same host, port 8002)",
+    )
+    run.add_argument("--interval", type=float, default=5.0, help="seconds between ticks")
+    run.add_argument(
+        "--listen",
+        default="127.0.0.1:9401",
+        help="HOST:PORT for the runner's /metrics and /healthz, or none",
+    )
+    run.add_argument("--ticks", type=int, help=argparse.SUPPRESS)
+    run.set_defaults(handler=_run)
     return parser
 
 

@@ -83,12 +83,27 @@ def parse_document(document: Any) -> specs.BatchPolicySpec:
     return parse_spec(document["spec"])
 
 
-def parse_yaml(text: str) -> specs.BatchPolicySpec:
-    """A typed spec from YAML (or JSON) text holding exactly one policy."""
+@dataclass(frozen=True)
+class NamedPolicy:
+    name: str
+    spec: specs.BatchPolicySpec
+
+
+def parse_yaml_policy(text: str, *, default_name: str) -> NamedPolicy:
+    """A policy from YAML (or JSON) text holding exactly one; its name is metadata.name."""
     try:
         documents = [doc for doc in yaml.safe_load_all(text) if doc is not None]
     except yaml.YAMLError as error:
         raise PolicyError([Problem("(yaml)", str(error))]) from None
     if len(documents) != 1:
         raise PolicyError([Problem("(document)", f"expected one policy, found {len(documents)}")])
-    return parse_document(documents[0])
+    document = documents[0]
+    spec = parse_document(document)
+    metadata = document.get("metadata") if isinstance(document, dict) else None
+    name = metadata.get("name") if isinstance(metadata, dict) else None
+    return NamedPolicy(name=str(name or default_name), spec=spec)
+
+
+def parse_yaml(text: str) -> specs.BatchPolicySpec:
+    """A typed spec from YAML (or JSON) text holding exactly one policy."""
+    return parse_yaml_policy(text, default_name="policy").spec

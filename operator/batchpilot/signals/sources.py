@@ -1,0 +1,65 @@
+"""Where load signals come from. The standalone runner reads Triton's own metrics pages."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from batchpilot.policy import decisions
+from batchpilot.signals import aggregating
+from batchpilot.triton import scraping, servers
+
+
+@dataclass(frozen=True)
+class Reading:
+    """Signals for the engine, and the per-server details they came from."""
+
+    signals: decisions.Signals
+    per_server: Mapping[str, Mapping[str, scraping.ModelRates]] = field(default_factory=dict)
+    problems: tuple[str, ...] = ()
+
+
+class TritonMetricsSource:
+    """Signals straight from each Triton server's metrics page.
+
+    Rates need two pages, so the first reading after start (or after a server was unreachable)
+    has no rate-based signals for that server."""
+
+    def __init__(
+        self,
+        triton_servers: Sequence[servers.TritonServer],
+        *,
+        models: Collection[str],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._servers = list(triton_servers)
+        self._models = models
+        self._clock = clock
+        self._previous: dict[str, scraping.Snapshot] = {}
+
+    async def read(self) -> Reading:
+        pages = await asyncio.gather(
+            *(server.metrics_text() for server in self._servers), return_exceptions=True
+        )
+        per_server: dict[str, Mapping[str, scraping.ModelRates]] = {}
+        gpu_utilization: list[float] = []
+        problems: list[str] = []
+        for server, page in zip(self._servers, pages, strict=True):
+            if isinstance(page, BaseException):
+                if not isinstance(page, servers.TritonError):
+                    raise page
+                problems.append(str(page))
+                self._previous.pop(server.url, None)
+                continue
+            snapshot = scraping.parse(page, taken_at=self._clock())
+            gpu_utilization.extend(snapshot.gpu_utilization)
+            previous = self._previous.get(server.url)
+            self._previous[server.url] = snapshot
+            if previous is not None:
+                per_server[server.url] = scraping.rates(previous, snapshot)
+        signals = aggregating.signals_from_rates(
+            per_server.values(), models=self._models, gpu_utilization=gpu_utilization
+        )
+        return Reading(signals=signals, per_server=per_server, problems=tuple(problems))

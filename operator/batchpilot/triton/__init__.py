@@ -1,0 +1,1 @@
+"""Triton I/O: the model-repository API, model configurations and metrics."""

@@ -1,0 +1,115 @@
+"""Applying a profile to one model on one Triton server, safely.
+
+The sequence is level-based and idempotent, so callers can run it every tick:
+
+1. read the served configuration; refuse a profile the model cannot take (nothing changes);
+2. if the served configuration already matches, stop: no reload, no stall;
+3. optionally unload first, so a GPU never holds two copies of the model;
+4. load with the merged configuration as an override;
+5. verify: the server reports the new configuration and the model is ready;
+6. if the load or the verification fails, load the previous configuration again and report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from batchpilot.policy import rendering
+from batchpilot.triton import modelconfigs, servers
+
+_VERIFY_POLL_SECONDS = 0.1
+
+
+@dataclass(frozen=True)
+class Applied:
+    """The outcome of a successful apply."""
+
+    model: str
+    profile: str
+    previous_profile: str | None
+    reloaded: bool
+    """False when the server already ran the profile: nothing was sent."""
+    seconds: float
+
+
+class ApplyFailed(servers.TritonError):
+    """The new configuration did not take; `rolled_back` says whether the old one serves."""
+
+    def __init__(self, url: str, message: str, *, rolled_back: bool) -> None:
+        self.rolled_back = rolled_back
+        suffix = "previous configuration restored" if rolled_back else "ROLLBACK FAILED"
+        super().__init__(url, f"{message}; {suffix}")
+
+
+async def apply_profile(
+    server: servers.TritonServer,
+    model: str,
+    settings: rendering.Settings,
+    *,
+    profile: str,
+    unload_first: bool = False,
+    verify_timeout: float = 120.0,
+) -> Applied:
+    """Make `model` on `server` run `profile`; raises ProfileRefused, ApplyFailed or TritonError."""
+    started = time.monotonic()
+    served = await server.model_config(model)
+    wanted = modelconfigs.target(served, settings, profile=profile, model=model)
+    previous_profile = modelconfigs.applied_profile(served)
+    if modelconfigs.matches(served, wanted):
+        return Applied(model, profile, previous_profile, False, time.monotonic() - started)
+
+    try:
+        if unload_first:
+            await server.unload(model)
+        await server.load(model, wanted.config)
+        await _verify(server, model, wanted, within=verify_timeout)
+    except (servers.LoadRejected, _NotVerified) as error:
+        rolled_back = await _restore(server, model, served, within=verify_timeout)
+        raise ApplyFailed(
+            server.url, f"applying {profile} to {model} failed: {error}", rolled_back=rolled_back
+        ) from None
+    return Applied(model, profile, previous_profile, True, time.monotonic() - started)
+
+
+class _NotVerified(Exception):
+    pass
+
+
+async def _verify(
+    server: servers.TritonServer, model: str, wanted: modelconfigs.Target, *, within: float
+) -> None:
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            if await server.model_ready(model) and modelconfigs.matches(
+                await server.model_config(model), wanted
+            ):
+                return
+        except servers.ModelUnavailable:
+            pass  # still loading
+        if time.monotonic() >= deadline:
+            raise _NotVerified(f"the server did not report the new configuration in {within:g}s")
+        await asyncio.sleep(_VERIFY_POLL_SECONDS)
+
+
+async def _restore(
+    server: servers.TritonServer,
+    model: str,
+    previous: modelconfigs.ModelConfig,
+    *,
+    within: float,
+) -> bool:
+    """Load the previous configuration again; True once the server serves it."""
+    try:
+        await server.load(model, previous)
+        await _verify(
+            server,
+            model,
+            modelconfigs.Target(previous, modelconfigs.applied_profile(previous) or ""),
+            within=within,
+        )
+    except (servers.TritonError, _NotVerified):
+        return False
+    return True

@@ -1,0 +1,131 @@
+"""Merging a profile's settings into a Triton model configuration, and checking the result.
+
+Triton replaces a model's whole configuration on a load with a config override, so batchpilot
+always starts from the configuration the server reports and changes only `dynamic_batching`,
+`max_batch_size` and two parameters of its own:
+
+- `batchpilot.dev/profile` names the applied profile, so anyone reading the served config (and
+  the operator after a restart) can tell which profile a server runs;
+- `batchpilot.dev/baseline-max-batch-size` keeps the model's own `max_batch_size` from its
+  repository, which a profile may lower but never raise. A restarted server forgets both, which
+  is exactly right: its config is the repository's again.
+
+Configurations are Triton's JSON form (`GET v2/models/{name}/config`), kept as plain dicts: they
+are Triton's documents, not ours, and carry many fields batchpilot must pass through untouched.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+from batchpilot.policy import rendering
+
+PROFILE_PARAMETER = "batchpilot.dev/profile"
+BASELINE_PARAMETER = "batchpilot.dev/baseline-max-batch-size"
+
+ModelConfig = dict[str, Any]
+
+# Triton's defaults for the dynamic_batching fields batchpilot renders; a served config may
+# leave some out.
+_BATCHING_DEFAULTS: dict[str, Any] = {
+    "preferred_batch_size": [],
+    "max_queue_delay_microseconds": 0,
+    "preserve_ordering": False,
+    "priority_levels": 0,
+    "default_priority_level": 0,
+    "default_queue_policy": {
+        "timeout_action": "REJECT",
+        "default_timeout_microseconds": 0,
+        "allow_timeout_override": False,
+        "max_queue_size": 0,
+    },
+    "priority_queue_policy": {},
+}
+
+
+class ProfileRefused(ValueError):
+    """A profile that cannot work on a model; nothing was applied."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the served configuration should say once a profile is applied."""
+
+    config: ModelConfig
+    profile: str
+
+
+def _parameter(config: ModelConfig, key: str) -> str | None:
+    value = (config.get("parameters") or {}).get(key)
+    return value.get("string_value") if isinstance(value, dict) else None
+
+
+def applied_profile(config: ModelConfig) -> str | None:
+    """The profile batchpilot last applied to this served configuration, if any."""
+    return _parameter(config, PROFILE_PARAMETER)
+
+
+def baseline_max_batch_size(config: ModelConfig) -> int:
+    """The model's own max_batch_size, from its repository configuration."""
+    stored = _parameter(config, BASELINE_PARAMETER)
+    return int(stored) if stored is not None else int(config.get("max_batch_size", 0))
+
+
+def check(config: ModelConfig, settings: rendering.Settings, *, model: str) -> None:
+    """Refuse, before anything is applied, a profile the model cannot take."""
+    baseline = baseline_max_batch_size(config)
+    if baseline <= 0:
+        raise ProfileRefused(
+            f"model {model!r} has max_batch_size 0: it does not batch, so dynamic batching "
+            "cannot be configured"
+        )
+    if settings.max_batch_size is not None and settings.max_batch_size > baseline:
+        raise ProfileRefused(
+            f"maxBatchSize {settings.max_batch_size} is above model {model!r}'s own "
+            f"max_batch_size {baseline}"
+        )
+    limit = settings.max_batch_size or baseline
+    too_big = [size for size in settings.dynamic_batching["preferred_batch_size"] if size > limit]
+    if too_big:
+        raise ProfileRefused(
+            f"preferred batch sizes {too_big} exceed model {model!r}'s max_batch_size {limit}"
+        )
+
+
+def target(
+    config: ModelConfig, settings: rendering.Settings, *, profile: str, model: str
+) -> Target:
+    """The served configuration with the profile applied; raises ProfileRefused."""
+    check(config, settings, model=model)
+    baseline = baseline_max_batch_size(config)
+    merged = copy.deepcopy(config)
+    merged["max_batch_size"] = settings.max_batch_size or baseline
+    dynamic_batching = copy.deepcopy(settings.dynamic_batching)
+    # Triton fills an empty list with [max_batch_size]; writing that out keeps what we send
+    # equal to what the server reports, so an unchanged profile never reloads.
+    if not dynamic_batching["preferred_batch_size"]:
+        dynamic_batching["preferred_batch_size"] = [merged["max_batch_size"]]
+    merged["dynamic_batching"] = dynamic_batching
+    parameters = dict(merged.get("parameters") or {})
+    parameters[PROFILE_PARAMETER] = {"string_value": profile}
+    parameters[BASELINE_PARAMETER] = {"string_value": str(baseline)}
+    merged["parameters"] = parameters
+    return Target(config=merged, profile=profile)
+
+
+def _comparable(config: ModelConfig) -> dict[str, Any]:
+    served = config.get("dynamic_batching") or {}
+    batching = {key: served.get(key, default) for key, default in _BATCHING_DEFAULTS.items()}
+    batching["preferred_batch_size"] = sorted(batching["preferred_batch_size"])
+    return {
+        "max_batch_size": int(config.get("max_batch_size", 0)),
+        "dynamic_batching": batching,
+        "profile": applied_profile(config),
+    }
+
+
+def matches(served: ModelConfig, wanted: Target) -> bool:
+    """Whether the server already runs the wanted configuration (no reload needed)."""
+    return _comparable(served) == _comparable(wanted.config)

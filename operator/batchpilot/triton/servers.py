@@ -1,0 +1,178 @@
+"""Talking to one Triton server: its model-repository API, model configs and metrics.
+
+A thin asynchronous layer over `tritonclient.http.aio` that bounds every call by a timeout and
+turns Triton's and aiohttp's many failure shapes into a few errors the actuator can act on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import types
+from typing import Any, Self
+from urllib.parse import urlsplit
+
+import aiohttp
+import tritonclient.http.aio as triton_http
+from tritonclient.utils import InferenceServerException
+
+from batchpilot.triton.modelconfigs import ModelConfig
+
+# What Triton answers to a load or unload when it is not in explicit model-control mode.
+_NOT_EXPLICIT = "explicit model load / unload is not allowed"
+
+
+class TritonError(Exception):
+    """Something went wrong talking to a Triton server."""
+
+    def __init__(self, url: str, message: str) -> None:
+        self.url = url
+        self.message = message
+        super().__init__(f"{url}: {message}")
+
+
+class Unreachable(TritonError):
+    """The server did not answer in time, or refused the connection."""
+
+
+class ExplicitModeRequired(TritonError):
+    """The server refuses model loads: it must run with --model-control-mode=explicit."""
+
+
+class ModelUnavailable(TritonError):
+    """The model is not loaded on the server (or does not exist in its repository)."""
+
+
+class LoadRejected(TritonError):
+    """The server could not load the model with the given configuration."""
+
+
+def _host_port(url: str) -> str:
+    """tritonclient wants host:port without a scheme."""
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    if not parts.hostname or not parts.port:
+        raise ValueError(f"Triton URL {url!r} needs a host and a port, e.g. http://10.0.0.5:8000")
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"{host}:{parts.port}"
+
+
+def default_metrics_url(url: str, port: int = 8002) -> str:
+    """Triton's metrics endpoint on the same host, on its default port."""
+    host = _host_port(url).rsplit(":", 1)[0]
+    return f"http://{host}:{port}/metrics"
+
+
+class TritonServer:
+    """One Triton server, addressed by its HTTP endpoint. Use as an async context manager."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        metrics_url: str | None = None,
+        request_timeout: float = 5.0,
+        load_timeout: float = 300.0,
+    ) -> None:
+        self.address = _host_port(url)
+        self.url = f"http://{self.address}"
+        self.metrics_url = metrics_url or default_metrics_url(url)
+        self.request_timeout = request_timeout
+        self.load_timeout = load_timeout
+        self._client: triton_http.InferenceServerClient | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: types.TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _triton(self) -> triton_http.InferenceServerClient:
+        # Created lazily: aiohttp sessions belong to the running event loop.
+        if self._client is None:
+            self._client = triton_http.InferenceServerClient(
+                self.address, conn_timeout=self.load_timeout, conn_limit=4
+            )
+        return self._client
+
+    async def _call(self, what: str, call: Any, *, seconds: float | None = None) -> Any:
+        try:
+            async with asyncio.timeout(seconds or self.request_timeout):
+                return await call
+        except TimeoutError:
+            waited = seconds or self.request_timeout
+            raise Unreachable(self.url, f"{what}: no answer within {waited:g}s") from None
+        except (aiohttp.ClientError, OSError) as error:
+            raise Unreachable(self.url, f"{what}: {error}") from None
+        except InferenceServerException as error:
+            message = error.message() or str(error)
+            if _NOT_EXPLICIT in message:
+                raise ExplicitModeRequired(
+                    self.url,
+                    f"{what}: the server refuses model loads ({message}); start tritonserver "
+                    "with --model-control-mode=explicit",
+                ) from None
+            if error.status() in ("400", "404") or "unknown model" in message:
+                raise ModelUnavailable(self.url, f"{what}: {message}") from None
+            raise TritonError(self.url, f"{what}: {message}") from None
+
+    async def is_ready(self) -> bool:
+        return bool(await self._call("server readiness", self._triton().is_server_ready()))
+
+    async def model_ready(self, model: str) -> bool:
+        return bool(await self._call(f"readiness of {model}", self._triton().is_model_ready(model)))
+
+    async def model_config(self, model: str) -> ModelConfig:
+        config: ModelConfig = await self._call(
+            f"config of {model}", self._triton().get_model_config(model)
+        )
+        return config
+
+    async def loaded_models(self) -> list[str]:
+        index = await self._call("model index", self._triton().get_model_repository_index())
+        return sorted(entry["name"] for entry in index if entry.get("state") == "READY")
+
+    async def load(self, model: str, config: ModelConfig | None = None) -> None:
+        body = None if config is None else json.dumps(config)
+        try:
+            await self._call(
+                f"load of {model}",
+                self._triton().load_model(model, config=body),
+                seconds=self.load_timeout,
+            )
+        except (Unreachable, ExplicitModeRequired):
+            raise
+        except TritonError as error:
+            raise LoadRejected(self.url, error.message) from None
+
+    async def unload(self, model: str) -> None:
+        await self._call(
+            f"unload of {model}", self._triton().unload_model(model), seconds=self.load_timeout
+        )
+
+    async def metrics_text(self) -> str:
+        """Triton's Prometheus metrics page."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        session = self._session
+
+        async def fetch() -> str:
+            async with session.get(self.metrics_url) as response:
+                response.raise_for_status()
+                return await response.text()
+
+        text: str = await self._call("metrics", fetch())
+        return text

@@ -1,0 +1,145 @@
+"""Triton metrics pages into rates and load signals."""
+
+from __future__ import annotations
+
+import pytest
+
+from batchpilot.signals import aggregating
+from batchpilot.triton import scraping
+
+
+def page(
+    *,
+    success: int,
+    failure: int = 0,
+    count: int,
+    execs: int,
+    queue_us: int,
+    request_us: int,
+    pending: int,
+    p95_us: float | None = None,
+    model: str = "gpu_sim",
+    busy: float = 0.0,
+) -> str:
+    lines = [
+        "# TYPE nv_inference_request_success counter",
+        f'nv_inference_request_success{{model="{model}",version="1"}} {success}',
+        "# TYPE nv_inference_request_failure counter",
+        f'nv_inference_request_failure{{model="{model}",reason="REJECTED",version="1"}} {failure}',
+        f'nv_inference_request_failure{{model="{model}",reason="OTHER",version="1"}} 0',
+        "# TYPE nv_inference_count counter",
+        f'nv_inference_count{{model="{model}",version="1"}} {count}',
+        "# TYPE nv_inference_exec_count counter",
+        f'nv_inference_exec_count{{model="{model}",version="1"}} {execs}',
+        "# TYPE nv_inference_request_duration_us counter",
+        f'nv_inference_request_duration_us{{model="{model}",version="1"}} {request_us}',
+        "# TYPE nv_inference_queue_duration_us counter",
+        f'nv_inference_queue_duration_us{{model="{model}",version="1"}} {queue_us}',
+        "# TYPE nv_inference_pending_request_count gauge",
+        f'nv_inference_pending_request_count{{model="{model}",version="1"}} {pending}',
+        "# TYPE emulated_device_busy_seconds_total counter",
+        f'emulated_device_busy_seconds_total{{model="{model}",version="1"}} {busy}',
+    ]
+    if p95_us is not None:
+        lines += [
+            "# TYPE nv_inference_request_summary_us summary",
+            f'nv_inference_request_summary_us_count{{model="{model}",version="1"}} {success}',
+            f'nv_inference_request_summary_us_sum{{model="{model}",version="1"}} {request_us}',
+            f'nv_inference_request_summary_us{{model="{model}",version="1",quantile="0.95"}} {p95_us}',
+            f'nv_inference_request_summary_us{{model="{model}",version="1",quantile="0.5"}} NaN',
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def test_rates_between_two_pages() -> None:
+    before = scraping.parse(
+        page(
+            success=100, count=400, execs=100, queue_us=1000, request_us=50_000, pending=0, busy=1.0
+        ),
+        taken_at=10.0,
+    )
+    after = scraping.parse(
+        page(
+            success=300,
+            failure=2,
+            count=1200,
+            execs=150,
+            queue_us=203_000,
+            request_us=2_050_000,
+            pending=7,
+            p95_us=31_000,
+            busy=1.5,
+        ),
+        taken_at=12.0,
+    )
+    rates = scraping.rates(before, after)["gpu_sim"]
+    assert rates.request_rate == pytest.approx(101.0)
+    assert rates.failures == 2
+    assert rates.average_batch_size == pytest.approx(16.0)
+    assert rates.queue_ms_per_request == pytest.approx(1.0)
+    assert rates.latency_ms_per_request == pytest.approx(2000 / 202)
+    assert rates.device_busy_seconds == pytest.approx(0.5)
+    assert rates.pending == 7
+    assert rates.p95_ms == pytest.approx(31.0)
+    assert rates.p50_ms is None  # NaN in an empty summary window is no value
+    assert after.summaries_enabled and not before.summaries_enabled
+
+
+def test_counter_reset_after_a_restart_counts_from_zero() -> None:
+    before = scraping.parse(
+        page(success=5000, count=5000, execs=500, queue_us=1, request_us=1, pending=0), taken_at=0.0
+    )
+    after = scraping.parse(
+        page(success=40, count=80, execs=10, queue_us=1, request_us=1, pending=0), taken_at=4.0
+    )
+    assert scraping.rates(before, after)["gpu_sim"].request_rate == pytest.approx(10.0)
+
+
+def test_signals_sum_rates_and_depth_and_take_the_worst_p95() -> None:
+    one = scraping.rates(
+        scraping.parse(
+            page(success=0, count=0, execs=0, queue_us=0, request_us=0, pending=0), taken_at=0
+        ),
+        scraping.parse(
+            page(
+                success=100,
+                count=100,
+                execs=10,
+                queue_us=100_000,
+                request_us=1,
+                pending=3,
+                p95_us=20_000,
+            ),
+            taken_at=1,
+        ),
+    )
+    two = scraping.rates(
+        scraping.parse(
+            page(success=0, count=0, execs=0, queue_us=0, request_us=0, pending=0), taken_at=0
+        ),
+        scraping.parse(
+            page(
+                success=300,
+                count=300,
+                execs=10,
+                queue_us=500_000,
+                request_us=1,
+                pending=5,
+                p95_us=45_000,
+            ),
+            taken_at=1,
+        ),
+    )
+    signals = aggregating.signals_from_rates(
+        [one, two], models=["gpu_sim"], gpu_utilization=[0.5, 0.7]
+    )
+    assert signals.metrics == pytest.approx(
+        {
+            "queueDepth": 8,
+            "requestRate": 400,
+            "queueTimeMs": 1.5,
+            "p95LatencyMs": 45.0,
+            "gpuUtilization": 60.0,
+        }
+    )
+    assert aggregating.signals_from_rates([one], models=["other"]).metrics == {}
