@@ -45,7 +45,8 @@ def page(
             "# TYPE nv_inference_request_summary_us summary",
             f'nv_inference_request_summary_us_count{{model="{model}",version="1"}} {success}',
             f'nv_inference_request_summary_us_sum{{model="{model}",version="1"}} {request_us}',
-            f'nv_inference_request_summary_us{{model="{model}",version="1",quantile="0.95"}} {p95_us}',
+            f'nv_inference_request_summary_us{{model="{model}",version="1",quantile="0.95"}} '
+            f"{p95_us}",
             f'nv_inference_request_summary_us{{model="{model}",version="1",quantile="0.5"}} NaN',
         ]
     return "\n".join(lines) + "\n"
@@ -82,7 +83,8 @@ def test_rates_between_two_pages() -> None:
     assert rates.pending == 7
     assert rates.p95_ms == pytest.approx(31.0)
     assert rates.p50_ms is None  # NaN in an empty summary window is no value
-    assert after.summaries_enabled and not before.summaries_enabled
+    assert after.summaries_enabled
+    assert not before.summaries_enabled
 
 
 def test_counter_reset_after_a_restart_counts_from_zero() -> None:
