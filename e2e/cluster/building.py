@@ -222,10 +222,9 @@ def build_product(product: Product, *, bin_dir: Path, go: str, env: Mapping[str,
     if product.main_go:
         (module_dir / "main.go").write_text(product.main_go)
     output = str(bin_dir / product.name) if product.main_go else f"{bin_dir}/"
-    argv: list[str] = ["go", "build", "-trimpath", "-o", output]
-    if product.ldflags:
-        argv += ["-ldflags", " ".join(("-s", "-w", *product.ldflags))]
-    argv += product.packages
+    # -s -w: no symbol tables or DWARF; the binaries are for running, not debugging.
+    ldflags = " ".join(("-s", "-w", *product.ldflags))
+    argv = ["go", "build", "-trimpath", "-ldflags", ldflags, "-o", output, *product.packages]
     print(f"building {product.source} -> {', '.join(product.binaries)}", flush=True)
     started = time.monotonic()
     completed = subprocess.run(argv, cwd=module_dir, env=dict(env), check=False)
