@@ -20,6 +20,10 @@ from e2e.cluster import locations
 
 OWNER_ENV = "BATCHPILOT_E2E_OWNER"
 
+# Children started by this process, kept so that they can be reaped when stopped: a dropped
+# Popen of a running child warns, and an unreaped one lingers as a zombie.
+_children: dict[int, subprocess.Popen[bytes]] = {}
+
 
 def owner_mark(state_dir: Path) -> bytes:
     return f"{OWNER_ENV}={state_dir}".encode()
@@ -50,7 +54,23 @@ def start(
     pid_dir = state_dir / "pids"
     pid_dir.mkdir(parents=True, exist_ok=True)
     (pid_dir / f"{name}.pid").write_text(f"{process.pid}\n")
+    _children[process.pid] = process
     return process
+
+
+def reap(pids: Sequence[int], *, timeout: float = 5.0) -> None:
+    """Collect the exit status of those pids that are our own children and have exited.
+
+    Waits a little: a multi-threaded process shows as a zombie in /proc while its other
+    threads still exit, and cannot be reaped until they have.
+    """
+    for pid in pids:
+        child = _children.get(pid)
+        if child is None:
+            continue
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=timeout)
+            del _children[pid]
 
 
 def _read(path: Path) -> bytes:
@@ -147,6 +167,7 @@ def stop_group(pid: int, *, state_dir: Path, timeout: float = 10.0) -> None:
     if not _wait_gone(members, timeout):
         _signal_group(pid, signal.SIGKILL)
         _wait_gone(members, 5.0)
+    reap(members)
 
 
 def stop_recorded(state_dir: Path, names: Sequence[str], *, timeout: float = 10.0) -> None:
@@ -170,4 +191,5 @@ def sweep(state_dir: Path, *, timeout: float = 5.0) -> list[int]:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
         _wait_gone(leftovers, 5.0)
+    reap(leftovers)
     return leftovers
