@@ -3,7 +3,9 @@
 Everything is generated at ``up`` and deleted at ``down``: one CA signs the API server's serving
 certificate and the client certificates (the admin one in ``system:masters``; the controller
 manager and scheduler under the user names that the bootstrap RBAC policy already grants), and a
-separate key pair signs service-account tokens. P-256 keys keep generation instant.
+separate key pair signs service-account tokens. A front-proxy CA whose key is thrown away gives
+the API server a request-header CA to publish, which the controller manager and scheduler
+otherwise complain about without end; nobody can sign for it. P-256 keys keep generation instant.
 """
 
 import dataclasses
@@ -46,6 +48,10 @@ class Pki:
     @property
     def ca_key(self) -> Path:
         return self.directory / "ca.key"
+
+    @property
+    def front_proxy_ca_cert(self) -> Path:
+        return self.directory / "front-proxy-ca.crt"
 
     @property
     def serving_cert(self) -> Path:
@@ -158,6 +164,19 @@ def generate(directory: Path, *, dns_names: Sequence[str], ip_addresses: Sequenc
     )
     write_key(pki.ca_key, ca_key)
     write_cert(pki.ca_cert, ca_cert)
+
+    front_proxy_key = new_key()
+    front_proxy_name = name("batchpilot-e2e-front-proxy-ca")
+    write_cert(
+        pki.front_proxy_ca_cert,
+        issue(
+            subject=front_proxy_name,
+            public_key=front_proxy_key.public_key(),
+            issuer=front_proxy_name,
+            issuer_key=front_proxy_key,
+            is_ca=True,
+        ),
+    )
 
     serving_key = new_key()
     write_key(pki.serving_key, serving_key)
