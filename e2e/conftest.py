@@ -20,7 +20,7 @@ from e2e import kubes, waiting
 from e2e.cluster import building, controlplane, locations
 
 ALLOWED_CONTEXTS = ("batchpilot-e2e", "kind-batchpilot")
-DUMP_LOG_LINES = 40
+DUMP_LOG_LINES = 20
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

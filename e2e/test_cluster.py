@@ -1,8 +1,6 @@
 """The test cluster does what the operator's e2e tests will rely on."""
 
 import ipaddress
-import json
-import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -11,7 +9,7 @@ import pytest
 from kubernetes import client
 
 from e2e import waiting
-from e2e.cluster import controlplane, podrunner
+from e2e.cluster import controlplane, podnetwork, podrunner
 from e2e.kubes import Kube
 
 pytestmark = pytest.mark.e2e
@@ -76,16 +74,6 @@ def listening(ip: str, port: int) -> bool:
     wanted = f"{int(ipaddress.IPv4Address(ip)).to_bytes(4, 'big')[::-1].hex().upper()}:{port:04X}"
     rows = Path("/proc/net/tcp").read_text().splitlines()[1:]
     return any(row.split()[1] == wanted and row.split()[3] == "0A" for row in rows)
-
-
-def addresses_on_lo() -> set[str]:
-    shown = subprocess.run(
-        ["ip", "-json", "-4", "addr", "show", "dev", "lo"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    return {info["local"] for link in json.loads(shown) for info in link.get("addr_info", [])}
 
 
 @pytest.mark.timeout(30)
@@ -161,7 +149,7 @@ def test_http_echo_pod_answers_on_its_pod_ip_until_deleted(
     assert not address.is_loopback
     assert any(address in ipaddress.ip_network(cidr) for cidr in local_cluster.pod_cidrs)
 
-    assert ip in addresses_on_lo()
+    assert ip in podnetwork.addresses_in(local_cluster.pod_cidrs)
     body = waiting.wait_for("an answer from the pod", lambda: http_get(f"http://{ip}:8000/"))
     assert body.strip() == f"{namespace}/echo"
     assert listening(ip, 8000)
@@ -177,7 +165,12 @@ def test_http_echo_pod_answers_on_its_pod_ip_until_deleted(
 
     waiting.wait_for("the pod to be deleted", pod_gone)
     waiting.wait_for("the process to stop", lambda: not listening(ip, 8000), timeout=15)
-    waiting.wait_for("the address to leave lo", lambda: ip not in addresses_on_lo(), timeout=15)
+    assert http_get(f"http://{ip}:8000/") is None
+    waiting.wait_for(
+        "the address to leave lo",
+        lambda: ip not in podnetwork.addresses_in(local_cluster.pod_cidrs),
+        timeout=15,
+    )
 
 
 @pytest.mark.timeout(60)
@@ -194,4 +187,4 @@ def test_pod_asking_for_an_unknown_runtime_gets_a_warning_and_nothing_runs(
 
     (event,) = waiting.wait_for("an E2ERejected event", warnings)
     assert "unknown runtime" in (event.message or "")
-    assert ip not in addresses_on_lo()
+    assert ip not in podnetwork.addresses_in(local_cluster.pod_cidrs)

@@ -12,13 +12,14 @@ import contextlib
 import dataclasses
 import ipaddress
 import json
+import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -30,6 +31,7 @@ from e2e.cluster import (
     certificates,
     clientconfigs,
     locations,
+    podnetwork,
     processes,
     rest,
     versions,
@@ -201,8 +203,6 @@ def _http_ok(url: str, *, expect: str) -> bool:
 
 def _https_ok_insecure(url: str) -> bool:
     """Health of components that serve a self-signed certificate they made themselves."""
-    import ssl
-
     context = ssl.create_default_context()
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
@@ -401,6 +401,7 @@ def _start_components(cluster: Cluster, startup: _Startup, *, bin_dir: Path) -> 
         lambda: all(_node_ready(admin, name) for name in cluster.nodes),
     )
 
+    podnetwork.claim(str(POD_NETWORK))
     ready_marker = state_dir / "podrunner.ready"
     startup.start(
         "podrunner",
@@ -413,29 +414,6 @@ def _start_components(cluster: Cluster, startup: _Startup, *, bin_dir: Path) -> 
         "default service account",
         lambda: bool(admin.get("/api/v1/namespaces/default/serviceaccounts/default")),
     )
-
-
-def remove_pod_addresses(pod_cidrs: Sequence[str]) -> list[str]:
-    """Delete every /32 on lo inside the pod CIDRs: what the pod runner added, crash or not."""
-    networks = [ipaddress.ip_network(cidr) for cidr in pod_cidrs]
-    shown = subprocess.run(
-        ["ip", "-json", "-4", "addr", "show", "dev", "lo"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    removed = []
-    for link in json.loads(shown):
-        for info in link.get("addr_info", []):
-            address = ipaddress.ip_address(info["local"])
-            if info.get("prefixlen") == 32 and any(address in net for net in networks):
-                subprocess.run(
-                    ["ip", "addr", "del", f"{address}/32", "dev", "lo"],
-                    check=False,
-                    capture_output=True,
-                )
-                removed.append(str(address))
-    return removed
 
 
 def stop(
@@ -458,14 +436,14 @@ def stop(
         pod_cidrs: Sequence[str] = Cluster.load(state_dir).pod_cidrs
     except (FileNotFoundError, ValueError, KeyError):
         pod_cidrs = [str(POD_NETWORK)]
-    removed = remove_pod_addresses(pod_cidrs)
+    removed = podnetwork.release(str(POD_NETWORK), pod_cidrs)
     if removed:
         say(f"removed addresses from lo: {', '.join(removed)}")
     for entry in state_dir.iterdir():
         if keep_logs and entry.name == "logs":
             continue
         if entry.is_dir() and not entry.is_symlink():
-            _rmtree(entry)
+            shutil.rmtree(entry)
         else:
             entry.unlink()
     if not keep_logs:
@@ -474,12 +452,6 @@ def stop(
         f"stopped in {time.monotonic() - t0:.1f} s"
         + (f"; logs kept in {state_dir / 'logs'}" if keep_logs else "")
     )
-
-
-def _rmtree(path: Path) -> None:
-    import shutil
-
-    shutil.rmtree(path)
 
 
 @contextlib.contextmanager

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
-from e2e.cluster import controlplane, locations, processes, rest
+from e2e.cluster import controlplane, locations, podnetwork, processes, rest
 
 RUNTIME_ANNOTATION = "batchpilot.dev/e2e-runtime"
 MODELS_ANNOTATION = "batchpilot.dev/e2e-models"
@@ -170,18 +170,6 @@ def pod_request(
     )
 
 
-def add_address(ip: str) -> None:
-    result = subprocess.run(
-        ["ip", "addr", "add", f"{ip}/32", "dev", "lo"], capture_output=True, text=True, check=False
-    )
-    if result.returncode != 0 and "File exists" not in result.stderr:
-        raise OSError(f"ip addr add {ip}/32 dev lo: {result.stderr.strip()}")
-
-
-def remove_address(ip: str) -> None:
-    subprocess.run(["ip", "addr", "del", f"{ip}/32", "dev", "lo"], capture_output=True, check=False)
-
-
 @dataclasses.dataclass(kw_only=True)
 class RunningProcess:
     command: Command
@@ -264,7 +252,7 @@ class Runner:
         workspace = Workspace(directory=self.cluster.state_dir / "pods" / request.uid)
         workspace.directory.mkdir(parents=True, exist_ok=True)
         commands = RUNTIMES[request.runtime](request, workspace)
-        add_address(request.ip)
+        podnetwork.add_address(request.ip)
         started = [RunningProcess(command=c, process=self.spawn(request, c)) for c in commands]
         self.running[request.uid] = RunningPod(request=request, processes=started)
         pids = ", ".join(f"{p.command.container}={p.process.pid}" for p in started)
@@ -283,7 +271,7 @@ class Runner:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 item.process.wait(timeout=1)
         if not any(r.request.ip == running.request.ip for r in self.running.values()):
-            remove_address(running.request.ip)
+            podnetwork.remove_address(running.request.ip)
         self.log(f"stopped {running.request.key}; released {running.request.ip}")
 
     def check_processes(self) -> None:
