@@ -1,9 +1,10 @@
 """Fixtures for tests against a real API server: ``pytest e2e --e2e``.
 
 With ``KUBECONFIG`` set, the tests use that cluster, but only if its current context is plainly a
-test cluster (``batchpilot-e2e`` or ``kind-batchpilot``). Without it they bring up the local
-control plane (see ``e2e.cluster``) once per session. That happens after collection and outside
-every test, so the per-test timeouts measure the tests, not the start of the cluster.
+test cluster (``batchpilot-e2e`` or ``kind-batchpilot``). Without it they use the local control
+plane (see ``e2e.cluster``): the one ``make cluster-up`` left running, or one started for the
+session. That happens after collection and outside every test, so the per-test timeouts measure
+the tests, not the start of the cluster.
 """
 
 import contextlib
@@ -60,6 +61,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     local = _LocalCluster()
     config.stash[_LOCAL_KEY] = local
+    state_dir = locations.state_dir()
+    if controlplane.is_up(state_dir):  # `make cluster-up` started it; leave it running after
+        local.cluster = controlplane.Cluster.load(state_dir)
+        return
     try:
         building.require_binaries()
         local.cluster = local.stack.enter_context(controlplane.running(keep_logs=True))

@@ -47,11 +47,9 @@ class Product:
 
     @property
     def binaries(self) -> tuple[str, ...]:
-        return (
-            tuple(package.rsplit("/", 1)[-1] for package in self.packages)
-            if not self.main_go
-            else (self.name,)
-        )
+        if self.main_go:
+            return (self.name,)
+        return tuple(package.rsplit("/", 1)[-1] for package in self.packages)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

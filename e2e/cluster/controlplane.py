@@ -40,6 +40,7 @@ from e2e.cluster import (
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 POD_NETWORK = ipaddress.ip_network("10.88.0.0/16")  # one /24 per node, like --allocate-node-cidrs
+MAX_NODES = 255
 NODE_PREFIX = "kwok-node-"
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 STAGES_FILE = Path(__file__).with_name("kwok") / "stages.yaml"
@@ -246,9 +247,14 @@ def start(
     *, state_dir: Path | None = None, nodes: int = 1, say: Callable[[str], None] = print
 ) -> Cluster:
     """Start a fresh cluster in state_dir (stopping any leftovers there first)."""
-    state_dir = state_dir or locations.state_dir()
+    if not 1 <= nodes <= MAX_NODES:
+        raise ClusterError(f"nodes must be between 1 and {MAX_NODES}")
+    state_dir = (state_dir or locations.state_dir()).resolve()
     bin_dir = building.require_binaries()
     stop(state_dir=state_dir, keep_logs=False, say=lambda _: None)
+    in_use_by = podnetwork.holder()
+    if in_use_by is not None:
+        raise ClusterError(f"the pod network {POD_NETWORK} is in use by the cluster in {in_use_by}")
     state_dir.mkdir(parents=True)
     cluster = Cluster(
         state_dir=state_dir,
@@ -423,7 +429,7 @@ def stop(
     say: Callable[[str], None] = print,
 ) -> None:
     """Stop everything that belongs to state_dir and delete it (keeping logs/ if asked)."""
-    state_dir = state_dir or locations.state_dir()
+    state_dir = (state_dir or locations.state_dir()).resolve()
     if not state_dir.exists():
         say(f"nothing to stop in {state_dir}")
         return
@@ -436,9 +442,11 @@ def stop(
         pod_cidrs: Sequence[str] = Cluster.load(state_dir).pod_cidrs
     except (FileNotFoundError, ValueError, KeyError):
         pod_cidrs = [str(POD_NETWORK)]
-    removed = podnetwork.release(str(POD_NETWORK), pod_cidrs)
-    if removed:
-        say(f"removed addresses from lo: {', '.join(removed)}")
+    # Leave the pod network alone if another cluster's pod runner holds it.
+    if podnetwork.holder() is None:
+        removed = podnetwork.release(str(POD_NETWORK), pod_cidrs)
+        if removed:
+            say(f"removed addresses from lo: {', '.join(removed)}")
     for entry in state_dir.iterdir():
         if keep_logs and entry.name == "logs":
             continue

@@ -5,12 +5,53 @@ to lo, so it can be bound and reached like a real pod's. The rest of the pod net
 unreachable, so a connection to a pod that runs nothing fails at once, as it would in a cluster,
 instead of leaving by the default route (where some networks answer for any address).
 Everything here is idempotent, and ``release`` needs only the CIDRs, so it cleans up after crashes.
+
+The pod network is one per machine, so one local cluster at a time may use it: the pod runner
+holds an flock on ``LOCK`` for as long as it runs, and the lock dies with it.
 """
 
+import contextlib
+import fcntl
 import ipaddress
 import json
 import subprocess
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
+from typing import IO
+
+LOCK = Path(tempfile.gettempdir()) / "batchpilot-e2e-podnetwork.lock"
+
+
+def _acquire() -> IO[str] | None:
+    handle = LOCK.open("a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return None
+    return handle
+
+
+def try_lock(owner: Path) -> IO[str] | None:
+    """The locked file (keep it open to hold the lock), or None if another cluster holds it."""
+    handle = _acquire()
+    if handle is not None:
+        handle.truncate(0)
+        handle.write(f"{owner}\n")
+        handle.flush()
+    return handle
+
+
+def holder() -> str | None:
+    """The state dir of the cluster that uses the pod network now, if any."""
+    handle = _acquire()
+    if handle is not None:
+        handle.close()
+        return None
+    with contextlib.suppress(OSError):
+        return LOCK.read_text().strip() or "another cluster"
+    return "another cluster"
 
 
 def _ip(*args: str) -> subprocess.CompletedProcess[str]:

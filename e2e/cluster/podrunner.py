@@ -166,7 +166,7 @@ def pod_request(
         ip=str(address),
         runtime=runtime,
         models=parse_models(annotations.get(MODELS_ANNOTATION)),
-        grace_seconds=float(spec.get("terminationGracePeriodSeconds") or STOP_TIMEOUT),
+        grace_seconds=float(spec.get("terminationGracePeriodSeconds", STOP_TIMEOUT)),
     )
 
 
@@ -191,7 +191,7 @@ class Runner:
         self.networks = [ipaddress.ip_network(cidr) for cidr in cluster.pod_cidrs]
         self.pods: dict[str, rest.JsonObject] = {}  # uid -> last seen pod
         self.running: dict[str, RunningPod] = {}
-        self.rejected: dict[str, str] = {}  # uid -> reason, so each pod is reported once
+        self.rejected: dict[str, str] = {}  # uid -> last problem reported, to report it once
 
     def log(self, message: str) -> None:
         stamp = datetime.datetime.now(datetime.UTC).strftime("%H:%M:%S.%f")[:-3]
@@ -315,17 +315,22 @@ class Runner:
                 continue
             if request is not None:
                 desired[uid] = (pod, request)
-        for uid in [
-            uid for uid, r in self.running.items() if desired.get(uid, (None, None))[1] != r.request
-        ]:
+        stale = [
+            uid
+            for uid, running in self.running.items()
+            if uid not in desired or desired[uid][1] != running.request
+        ]
+        for uid in stale:
             self.stop_pod(uid)
         for uid, (pod, request) in desired.items():
             if uid not in self.running:
                 try:
                     self.start_pod(pod, request)
-                except OSError as error:
-                    self.log(f"cannot start {request.key}: {error}")
-                    self.event(pod, reason="E2EFailed", message=str(error), warning=True)
+                except OSError as error:  # retried at every turn; reported once
+                    if self.rejected.get(uid) != str(error):
+                        self.rejected[uid] = str(error)
+                        self.log(f"cannot start {request.key}: {error}")
+                        self.event(pod, reason="E2EFailed", message=str(error), warning=True)
         self.rejected = {uid: reason for uid, reason in self.rejected.items() if uid in self.pods}
         self.check_processes()
 
@@ -378,13 +383,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, terminate)
-    runner = Runner(controlplane.Cluster.load(args.state_dir.resolve()))
+    state_dir = args.state_dir.resolve()
+    lock = podnetwork.try_lock(state_dir)
+    if lock is None:
+        print(f"the pod network is in use by the cluster in {podnetwork.holder()}", flush=True)
+        return 1
+    runner = Runner(controlplane.Cluster.load(state_dir))
     try:
-        runner.run(args.state_dir / "podrunner.ready")
+        runner.run(state_dir / "podrunner.ready")
     except KeyboardInterrupt:
         pass
     finally:
+        # A second signal must not cut the cleanup short and leave processes and addresses.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         runner.stop_all()
+        lock.close()
     return 0
 
 
