@@ -5,3 +5,7 @@ there. This package builds etcd, kube-apiserver, kube-controller-manager, kube-s
 once per version into a cache, runs them as plain processes on loopback, and emulates the kubelet
 for the few pods that must really run (see ``podrunner``). With Docker, kind remains the way.
 """
+
+from e2e.cluster.controlplane import Cluster, ClusterError, running, start, stop
+
+__all__ = ["Cluster", "ClusterError", "running", "start", "stop"]
