@@ -29,3 +29,16 @@ unit: venv
 
 test: lint
 	$(PY) -m pytest tests
+
+# The e2e control plane: Kubernetes, etcd, kwok and helm built from Go modules once per version
+# into ${BATCHPILOT_CACHE:-~/.cache/batchpilot} (slow the first time), run on loopback from .run/.
+.PHONY: k8s-bins cluster-up cluster-down
+
+k8s-bins: venv
+	$(PY) -m e2e.cluster build
+
+cluster-up: venv
+	$(PY) -m e2e.cluster up
+
+cluster-down:
+	$(PY) -m e2e.cluster down

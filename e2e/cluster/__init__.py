@@ -1,0 +1,11 @@
+"""A local Kubernetes control plane for the e2e tests, built from Go modules, with kwok nodes.
+
+No Docker engine runs on the machines this project is developed on, so kind cannot start a cluster
+there. This package builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok
+once per version into a cache, runs them as plain processes on loopback, and emulates the kubelet
+for the few pods that must really run (see ``podrunner``). With Docker, kind remains the way.
+"""
+
+from e2e.cluster.controlplane import Cluster, ClusterError, running, start, stop
+
+__all__ = ["Cluster", "ClusterError", "running", "start", "stop"]

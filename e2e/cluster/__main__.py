@@ -1,0 +1,53 @@
+"""``python -m e2e.cluster build|up|down|status``: the test control plane from a shell."""
+
+import argparse
+import sys
+from pathlib import Path
+
+from e2e.cluster import building, controlplane, locations
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m e2e.cluster", description=__doc__)
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="run state (default: $BATCHPILOT_E2E_STATE or <repo>/.run/cluster)",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    build_parser = commands.add_parser("build", help="build the binaries, once per version")
+    build_parser.add_argument("--force", action="store_true", help="rebuild even if current")
+    up_parser = commands.add_parser("up", help="build if needed, then start a cluster")
+    up_parser.add_argument("--nodes", type=int, default=1, help="kwok nodes (default 1)")
+    down_parser = commands.add_parser("down", help="stop everything and delete the state dir")
+    down_parser.add_argument("--keep-logs", action="store_true", help="keep <state>/logs")
+    commands.add_parser("status", help="say whether a cluster is up, and where")
+    args = parser.parse_args(argv)
+    state_dir: Path = (args.state_dir or locations.state_dir()).resolve()
+
+    try:
+        if args.command in ("build", "up"):
+            report = building.build(force=args.command == "build" and args.force)
+            what = ", ".join(report.built) if report.built else "nothing (all current)"
+            print(f"build: {report.seconds:.1f} s, built {what}, in {report.bin_dir}")
+        if args.command == "up":
+            if controlplane.is_up(state_dir):
+                print(f"already up; KUBECONFIG={state_dir / 'kubeconfig'}")
+                return 0
+            controlplane.start(state_dir=state_dir, nodes=args.nodes)
+        elif args.command == "down":
+            controlplane.stop(state_dir=state_dir, keep_logs=args.keep_logs)
+        elif args.command == "status":
+            if not controlplane.is_up(state_dir):
+                print(f"down ({state_dir})")
+                return 1
+            print(controlplane.Cluster.load(state_dir).to_json())
+    except (building.BuildError, controlplane.ClusterError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,498 @@
+"""Bring the test control plane up and down as plain processes on loopback.
+
+``start`` follows envtest's recipe for a standalone API server and adds what envtest leaves out
+because the operator's e2e tests need it: the controller manager (Deployments make ReplicaSets
+make Pods; namespaces get deleted; service-account tokens and root-CA config maps appear), the
+scheduler, kwok for nodes and pod status, and the pod runner for the pods that must really run.
+Everything one run owns sits in its state dir, and ``stop`` needs nothing but that dir, so it also
+cleans up after a run that was killed.
+"""
+
+import contextlib
+import dataclasses
+import ipaddress
+import json
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from e2e.cluster import (
+    building,
+    certificates,
+    clientconfigs,
+    locations,
+    podnetwork,
+    processes,
+    rest,
+    versions,
+)
+
+SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
+SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+POD_NETWORK = ipaddress.ip_network("10.88.0.0/16")  # one /24 per node, like --allocate-node-cidrs
+MAX_NODES = 255
+NODE_PREFIX = "kwok-node-"
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+STAGES_FILE = Path(__file__).with_name("kwok") / "stages.yaml"
+# Stop order: the pod runner first (it stops its pods' processes), etcd last.
+COMPONENTS = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kwok",
+    "podrunner",
+)
+STATE_FILE = "state.json"
+
+
+class ClusterError(Exception):
+    pass
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Ports:
+    etcd_client: int
+    etcd_peer: int
+    apiserver: int
+    controller_manager: int
+    scheduler: int
+    kwok: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Cluster:
+    """What a running cluster's users need; saved as state.json in its state dir."""
+
+    state_dir: Path
+    kubernetes_version: str
+    ports: Ports
+    nodes: tuple[str, ...]
+    pod_cidrs: tuple[str, ...]
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.state_dir / "kubeconfig"
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.ports.apiserver}"
+
+    @property
+    def pki(self) -> certificates.Pki:
+        return certificates.Pki(directory=self.state_dir / "pki")
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.state_dir / "logs"
+
+    def log(self, component: str) -> Path:
+        return self.logs_dir / f"{component}.log"
+
+    def client(self, identity: certificates.Identity = certificates.ADMIN) -> rest.Client:
+        return rest.Client(
+            server=self.server,
+            ca_file=str(self.pki.ca_cert),
+            cert_file=str(self.pki.client_cert(identity)),
+            key_file=str(self.pki.client_key(identity)),
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "kubernetes_version": self.kubernetes_version,
+                "ports": dataclasses.asdict(self.ports),
+                "nodes": list(self.nodes),
+                "pod_cidrs": list(self.pod_cidrs),
+                "kubeconfig": str(self.kubeconfig),
+                "server": self.server,
+            },
+            indent=2,
+        )
+
+    @classmethod
+    def load(cls, state_dir: Path) -> "Cluster":
+        data = json.loads((state_dir / STATE_FILE).read_text())
+        return cls(
+            state_dir=state_dir,
+            kubernetes_version=data["kubernetes_version"],
+            ports=Ports(**data["ports"]),
+            nodes=tuple(data["nodes"]),
+            pod_cidrs=tuple(data["pod_cidrs"]),
+        )
+
+
+def free_port() -> int:
+    """A port that was free a moment ago; the window before the component binds it is small."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def pick_ports() -> Ports:
+    chosen: set[int] = set()
+    while len(chosen) < len(dataclasses.fields(Ports)):
+        chosen.add(free_port())
+    return Ports(
+        **dict(zip((f.name for f in dataclasses.fields(Ports)), sorted(chosen), strict=True))
+    )
+
+
+def node_pod_cidr(index: int) -> str:
+    return str(list(POD_NETWORK.subnets(new_prefix=24))[index])
+
+
+def tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log)"
+
+
+class _Startup:
+    """Starts components one by one and fails fast, with its log, when one of them dies."""
+
+    def __init__(self, cluster: Cluster, *, say: Callable[[str], None]) -> None:
+        self.cluster = cluster
+        self.say = say
+        self.started: dict[str, subprocess.Popen[bytes]] = {}
+        self.t0 = time.monotonic()
+
+    def start(self, name: str, argv: Sequence[str], **kwargs: Any) -> None:
+        self.started[name] = processes.start(
+            name=name,
+            argv=argv,
+            state_dir=self.cluster.state_dir,
+            log_path=self.cluster.log(name),
+            **kwargs,
+        )
+
+    def wait(self, what: str, ready: Callable[[], bool], *, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            for name, process in self.started.items():
+                if process.poll() is not None:
+                    raise ClusterError(
+                        f"{name} exited with {process.returncode} while waiting for {what}; "
+                        f"last lines of {self.cluster.log(name)}:\n{tail(self.cluster.log(name))}"
+                    )
+            try:
+                if ready():
+                    break
+            except (OSError, rest.ApiError, ValueError):
+                pass
+            if time.monotonic() > deadline:
+                raise ClusterError(f"timed out after {timeout:.0f} s waiting for {what}")
+            time.sleep(0.2)
+        self.say(f"  {what}: {time.monotonic() - self.t0:.1f} s")
+
+
+def _http_ok(url: str, *, expect: str) -> bool:
+    with urllib.request.urlopen(url, timeout=2) as response:
+        return expect in response.read().decode()
+
+
+def _https_ok_insecure(url: str) -> bool:
+    """Health of components that serve a self-signed certificate they made themselves."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    with urllib.request.urlopen(url, context=context, timeout=2) as response:
+        return bool(response.read().decode().strip() == "ok")
+
+
+def _node_ready(client: rest.Client, name: str) -> bool:
+    node = client.get(f"/api/v1/nodes/{name}")
+    conditions = node.get("status", {}).get("conditions", [])
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def node_manifest(name: str, pod_cidr: str) -> rest.JsonObject:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {KWOK_NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "type": "kwok",
+            },
+        },
+        "spec": {"podCIDR": pod_cidr, "podCIDRs": [pod_cidr]},
+    }
+
+
+def is_up(state_dir: Path) -> bool:
+    try:
+        cluster = Cluster.load(state_dir)
+        return cluster.client().text("/readyz").strip() == "ok"
+    except (FileNotFoundError, OSError, rest.ApiError, ValueError, KeyError):
+        return False
+
+
+def start(
+    *, state_dir: Path | None = None, nodes: int = 1, say: Callable[[str], None] = print
+) -> Cluster:
+    """Start a fresh cluster in state_dir (stopping any leftovers there first)."""
+    if not 1 <= nodes <= MAX_NODES:
+        raise ClusterError(f"nodes must be between 1 and {MAX_NODES}")
+    state_dir = (state_dir or locations.state_dir()).resolve()
+    bin_dir = building.require_binaries()
+    stop(state_dir=state_dir, keep_logs=False, say=lambda _: None)
+    in_use_by = podnetwork.holder()
+    if in_use_by is not None:
+        raise ClusterError(f"the pod network {POD_NETWORK} is in use by the cluster in {in_use_by}")
+    state_dir.mkdir(parents=True)
+    cluster = Cluster(
+        state_dir=state_dir,
+        kubernetes_version=versions.KUBERNETES,
+        ports=pick_ports(),
+        nodes=tuple(f"{NODE_PREFIX}{i}" for i in range(nodes)),
+        pod_cidrs=tuple(node_pod_cidr(i) for i in range(nodes)),
+    )
+    (state_dir / STATE_FILE).write_text(cluster.to_json())
+    say(f"starting Kubernetes {versions.KUBERNETES} in {state_dir}")
+    startup = _Startup(cluster, say=say)
+    try:
+        _start_components(cluster, startup, bin_dir=bin_dir)
+    except BaseException:
+        stop(state_dir=state_dir, keep_logs=True, say=lambda _: None)
+        raise
+    say(f"start: {time.monotonic() - startup.t0:.1f} s; KUBECONFIG={cluster.kubeconfig}")
+    return cluster
+
+
+def _start_components(cluster: Cluster, startup: _Startup, *, bin_dir: Path) -> None:
+    ports = cluster.ports
+    state_dir = cluster.state_dir
+    pki = certificates.generate(
+        cluster.pki.directory,
+        dns_names=(
+            "localhost",
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local",
+        ),
+        ip_addresses=(
+            "127.0.0.1",
+            str(next(ipaddress.ip_network(SERVICE_CLUSTER_IP_RANGE).hosts())),
+        ),
+    )
+    clientconfigs.write(
+        cluster.kubeconfig, server=cluster.server, pki=pki, identity=certificates.ADMIN
+    )
+    component_kubeconfig = {
+        identity: clientconfigs.write(
+            state_dir / f"{identity.file_stem}.kubeconfig",
+            server=cluster.server,
+            pki=pki,
+            identity=identity,
+        )
+        for identity in (certificates.CONTROLLER_MANAGER, certificates.SCHEDULER)
+    }
+
+    etcd_client = f"http://127.0.0.1:{ports.etcd_client}"
+    etcd_peer = f"http://127.0.0.1:{ports.etcd_peer}"
+    startup.start(
+        "etcd",
+        [
+            str(bin_dir / "etcd"),
+            "--name=batchpilot-e2e",
+            f"--data-dir={state_dir / 'etcd'}",
+            f"--listen-client-urls={etcd_client}",
+            f"--advertise-client-urls={etcd_client}",
+            f"--listen-peer-urls={etcd_peer}",
+            f"--initial-advertise-peer-urls={etcd_peer}",
+            f"--initial-cluster=batchpilot-e2e={etcd_peer}",
+            "--unsafe-no-fsync",  # throwaway data; fsync is most of etcd's latency on a VM disk
+            "--log-level=warn",
+        ],
+    )
+    startup.wait("etcd healthy", lambda: _http_ok(f"{etcd_client}/health", expect='"true"'))
+
+    startup.start(
+        "kube-apiserver",
+        [
+            str(bin_dir / "kube-apiserver"),
+            f"--etcd-servers={etcd_client}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={ports.apiserver}",
+            f"--cert-dir={pki.directory}",
+            f"--tls-cert-file={pki.serving_cert}",
+            f"--tls-private-key-file={pki.serving_key}",
+            f"--client-ca-file={pki.ca_cert}",
+            f"--requestheader-client-ca-file={pki.front_proxy_ca_cert}",
+            "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            "--authorization-mode=Node,RBAC",
+            f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+            f"--service-account-key-file={pki.service_account_pub}",
+            f"--service-account-signing-key-file={pki.service_account_key}",
+            f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+            # The advertise address is loopback, which Endpoints refuse to hold.
+            "--endpoint-reconciler-type=none",
+            "--allow-privileged=true",
+            "--profiling=false",
+        ],
+    )
+    admin = cluster.client()
+    startup.wait("kube-apiserver ready", lambda: admin.text("/readyz").strip() == "ok")
+
+    for name, identity, port in (
+        ("kube-controller-manager", certificates.CONTROLLER_MANAGER, ports.controller_manager),
+        ("kube-scheduler", certificates.SCHEDULER, ports.scheduler),
+    ):
+        kubeconfig = component_kubeconfig[identity]
+        argv = [
+            str(bin_dir / name),
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={port}",
+            f"--cert-dir={state_dir / name}",  # self-signed serving cert; default is /var/run
+            "--leader-elect=false",
+        ]
+        if name == "kube-controller-manager":
+            argv += [
+                "--use-service-account-credentials=true",
+                f"--service-account-private-key-file={pki.service_account_key}",
+                f"--root-ca-file={pki.ca_cert}",
+                f"--cluster-signing-cert-file={pki.ca_cert}",
+                f"--cluster-signing-key-file={pki.ca_key}",
+            ]
+        startup.start(name, argv)
+    startup.wait(
+        "controller-manager and scheduler healthy",
+        lambda: (
+            _https_ok_insecure(f"https://127.0.0.1:{ports.controller_manager}/healthz")
+            and _https_ok_insecure(f"https://127.0.0.1:{ports.scheduler}/healthz")
+        ),
+    )
+
+    startup.start(
+        "kwok",
+        [
+            str(bin_dir / "kwok"),
+            f"--kubeconfig={cluster.kubeconfig}",
+            f"--config={STAGES_FILE}",
+            "--manage-all-nodes=false",
+            f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
+            "--node-lease-duration-seconds=40",
+            "--node-ip=127.0.0.1",
+            f"--server-address=127.0.0.1:{ports.kwok}",
+        ],
+    )
+    for name, pod_cidr in zip(cluster.nodes, cluster.pod_cidrs, strict=True):
+        admin.request("POST", "/api/v1/nodes", body=node_manifest(name, pod_cidr))
+    startup.wait(
+        f"{len(cluster.nodes)} kwok node(s) Ready",
+        lambda: all(_node_ready(admin, name) for name in cluster.nodes),
+    )
+
+    podnetwork.claim(str(POD_NETWORK))
+    ready_marker = state_dir / "podrunner.ready"
+    startup.start(
+        "podrunner",
+        [sys.executable, "-m", "e2e.cluster.podrunner", f"--state-dir={state_dir}"],
+        cwd=locations.REPO_ROOT,
+    )
+    startup.wait("pod runner watching", ready_marker.exists)
+    # Pods are rejected until the namespace's service account exists.
+    startup.wait(
+        "default service account",
+        lambda: bool(admin.get("/api/v1/namespaces/default/serviceaccounts/default")),
+    )
+
+
+def stop(
+    *,
+    state_dir: Path | None = None,
+    keep_logs: bool = False,
+    say: Callable[[str], None] = print,
+) -> None:
+    """Stop everything that belongs to state_dir and delete it (keeping logs/ if asked)."""
+    state_dir = (state_dir or locations.state_dir()).resolve()
+    if not state_dir.exists():
+        say(f"nothing to stop in {state_dir}")
+        return
+    t0 = time.monotonic()
+    processes.stop_recorded(state_dir, tuple(reversed(COMPONENTS)))
+    leftovers = processes.sweep(state_dir)
+    if leftovers:
+        say(f"killed leftover processes {leftovers}")
+    try:
+        pod_cidrs: Sequence[str] = Cluster.load(state_dir).pod_cidrs
+    except (FileNotFoundError, ValueError, KeyError):
+        pod_cidrs = [str(POD_NETWORK)]
+    # Leave the pod network alone if another cluster's pod runner holds it.
+    if podnetwork.holder() is None:
+        removed = podnetwork.release(str(POD_NETWORK), pod_cidrs)
+        if removed:
+            say(f"removed addresses from lo: {', '.join(removed)}")
+    for entry in state_dir.iterdir():
+        if keep_logs and entry.name == "logs":
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    if not keep_logs:
+        state_dir.rmdir()
+    say(
+        f"stopped in {time.monotonic() - t0:.1f} s"
+        + (f"; logs kept in {state_dir / 'logs'}" if keep_logs else "")
+    )
+
+
+@contextlib.contextmanager
+def running(
+    *,
+    state_dir: Path | None = None,
+    nodes: int = 1,
+    keep_logs: bool = True,
+    say: Callable[[str], None] = print,
+) -> Iterator[Cluster]:
+    """A cluster for the duration of a with-block, stopped on errors, SIGINT and SIGTERM too."""
+    restore = _raise_on_sigterm()
+    try:
+        cluster = start(state_dir=state_dir, nodes=nodes, say=say)
+        try:
+            yield cluster
+        finally:
+            stop(state_dir=cluster.state_dir, keep_logs=keep_logs, say=say)
+    finally:
+        restore()
+
+
+def _raise_on_sigterm() -> Callable[[], None]:
+    """Make SIGTERM raise, so that finally-blocks stop the cluster (SIGINT already does)."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, previous)
+
+    return restore

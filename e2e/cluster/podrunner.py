@@ -1,0 +1,406 @@
+"""A kubelet stand-in that really runs the few kwok pods which ask for it.
+
+kwok makes pods Running with an IP from their node's podCIDR, but nothing runs in them. The
+operator under test must reach a real Triton at the pod's IP, so this watches pods on the
+cluster's kwok nodes and, for those annotated ``batchpilot.dev/e2e-runtime: <runtime>``, binds the
+pod IP to ``lo`` as a /32 and starts the runtime's processes on it; when the pod is deleted it stops
+them (SIGTERM, then SIGKILL, like a kubelet's grace period) and removes the address.
+
+What runs is chosen only from ``RUNTIMES``, a fixed table of argv builders: annotations select a
+row and pass model names, which must match ``MODEL_NAME``; nothing from a pod reaches a shell or
+becomes a command. Pod IPs outside the cluster's pod CIDRs are refused, so a pod cannot make this
+process bind, or later delete, any other address of the host.
+
+Not emulated: readiness probes, container restarts in the pod's status, logs through the API.
+"""
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import ipaddress
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import FrameType
+
+from e2e.cluster import controlplane, locations, podnetwork, processes, rest
+
+RUNTIME_ANNOTATION = "batchpilot.dev/e2e-runtime"
+MODELS_ANNOTATION = "batchpilot.dev/e2e-models"
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+MAX_MODELS = 8
+STOP_TIMEOUT = 10.0
+WATCH_SECONDS = 5  # also how often exited processes are noticed and restarted
+RESTART_BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0)
+
+# Triton's three ports, as in the pod spec of the chart; fixed, because every pod has its own IP.
+TRITON_HTTP_PORT = 8000
+TRITON_GRPC_PORT = 8001
+TRITON_METRICS_PORT = 8002
+MODEL_REPOSITORY = locations.REPO_ROOT / "manifests" / "model-repository"
+
+
+class RejectedPod(Exception):
+    """The pod asks for something the runner will not do; reported as a Warning event."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PodRequest:
+    uid: str
+    namespace: str
+    name: str
+    ip: str
+    runtime: str
+    models: tuple[str, ...]
+    grace_seconds: float
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}_{self.name}"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Command:
+    """One process of a pod, like one container."""
+
+    container: str
+    argv: tuple[str, ...]
+    cwd: Path | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Workspace:
+    """Where a pod's processes may keep files: a fresh folder per pod in the state dir."""
+
+    directory: Path
+
+
+CommandBuilder = Callable[[PodRequest, Workspace], tuple[Command, ...]]
+
+
+def http_echo_commands(pod: PodRequest, workspace: Workspace) -> tuple[Command, ...]:
+    """A stand-in server that answers GET / with the pod's namespace/name."""
+    www = workspace.directory / "www"
+    www.mkdir(parents=True, exist_ok=True)
+    (www / "index.html").write_text(f"{pod.namespace}/{pod.name}\n")
+    argv = (sys.executable, "-m", "http.server", "--bind", pod.ip, "--directory", str(www), "8000")
+    return (Command(container="main", argv=argv),)
+
+
+def triton_commands(pod: PodRequest, workspace: Workspace) -> tuple[Command, ...]:
+    argv = [
+        sys.executable,
+        "-m",
+        "batchpilot.local_triton",
+        "--host",
+        pod.ip,
+        "--http-port",
+        str(TRITON_HTTP_PORT),
+        "--grpc-port",
+        str(TRITON_GRPC_PORT),
+        "--metrics-port",
+        str(TRITON_METRICS_PORT),
+        "--model-repository",
+        str(MODEL_REPOSITORY),
+    ]
+    for model in pod.models:
+        argv += ["--model", model]
+    return (Command(container="triton", argv=tuple(argv), cwd=workspace.directory),)
+
+
+# A runtime may run several processes (a sidecar next to Triton, say): return one Command each.
+RUNTIMES: Mapping[str, CommandBuilder] = {
+    "http-echo": http_echo_commands,
+    "triton": triton_commands,
+}
+
+
+def parse_models(text: str | None) -> tuple[str, ...]:
+    if not text:
+        return ()
+    models = tuple(part.strip() for part in text.split(","))
+    if len(models) > MAX_MODELS:
+        raise RejectedPod(f"{MODELS_ANNOTATION} lists more than {MAX_MODELS} models")
+    for model in models:
+        if not MODEL_NAME.fullmatch(model):
+            raise RejectedPod(f"{MODELS_ANNOTATION}: {model!r} is not a model name")
+    return models
+
+
+def pod_request(
+    pod: rest.JsonObject,
+    *,
+    nodes: Sequence[str],
+    networks: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network],
+) -> PodRequest | None:
+    """What should run for this pod now; None for pods that are not ours or not running."""
+    metadata = pod.get("metadata", {})
+    annotations = metadata.get("annotations") or {}
+    runtime = annotations.get(RUNTIME_ANNOTATION)
+    spec = pod.get("spec", {})
+    status = pod.get("status", {})
+    if runtime is None or spec.get("nodeName") not in nodes:
+        return None
+    if metadata.get("deletionTimestamp") or status.get("phase") not in ("Pending", "Running"):
+        return None
+    ip = status.get("podIP")
+    if not ip:
+        return None
+    if runtime not in RUNTIMES:
+        raise RejectedPod(f"{RUNTIME_ANNOTATION}: unknown runtime {runtime!r}")
+    if spec.get("hostNetwork"):
+        raise RejectedPod("hostNetwork pods cannot get an address of their own")
+    address = ipaddress.ip_address(ip)
+    if not any(address in network for network in networks):
+        raise RejectedPod(f"pod IP {ip} is outside the pod CIDRs")
+    return PodRequest(
+        uid=metadata["uid"],
+        namespace=metadata["namespace"],
+        name=metadata["name"],
+        ip=str(address),
+        runtime=runtime,
+        models=parse_models(annotations.get(MODELS_ANNOTATION)),
+        grace_seconds=float(spec.get("terminationGracePeriodSeconds", STOP_TIMEOUT)),
+    )
+
+
+@dataclasses.dataclass(kw_only=True)
+class RunningProcess:
+    command: Command
+    process: subprocess.Popen[bytes]
+    restarts: int = 0
+    restart_at: float | None = None  # when an exited process is due to start again
+
+
+@dataclasses.dataclass(kw_only=True)
+class RunningPod:
+    request: PodRequest
+    processes: list[RunningProcess]
+
+
+class Runner:
+    def __init__(self, cluster: controlplane.Cluster) -> None:
+        self.cluster = cluster
+        self.client = cluster.client()
+        self.networks = [ipaddress.ip_network(cidr) for cidr in cluster.pod_cidrs]
+        self.pods: dict[str, rest.JsonObject] = {}  # uid -> last seen pod
+        self.running: dict[str, RunningPod] = {}
+        self.rejected: dict[str, str] = {}  # uid -> last problem reported, to report it once
+
+    def log(self, message: str) -> None:
+        stamp = datetime.datetime.now(datetime.UTC).strftime("%H:%M:%S.%f")[:-3]
+        print(f"{stamp} {message}", flush=True)
+
+    def event(self, pod: rest.JsonObject, *, reason: str, message: str, warning: bool) -> None:
+        metadata = pod["metadata"]
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body: rest.JsonObject = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {
+                "generateName": f"{metadata['name']}.",
+                "namespace": metadata["namespace"],
+            },
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": metadata["name"],
+                "namespace": metadata["namespace"],
+                "uid": metadata["uid"],
+            },
+            "reason": reason,
+            "message": message[:1000],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": "batchpilot-e2e-podrunner"},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        with contextlib.suppress(rest.ApiError, OSError):
+            self.client.request(
+                "POST", f"/api/v1/namespaces/{metadata['namespace']}/events", body=body
+            )
+
+    # -- processes
+
+    def spawn(self, pod: PodRequest, command: Command) -> subprocess.Popen[bytes]:
+        env = dict(os.environ)
+        # Pods run the checkout's code, which the venv may not have installed.
+        source_roots = [locations.REPO_ROOT / "operator", locations.REPO_ROOT / "sidecar"]
+        env["PYTHONPATH"] = os.pathsep.join(
+            [*map(str, source_roots), *filter(None, [env.get("PYTHONPATH")])]
+        )
+        env["POD_NAME"] = pod.name
+        env["POD_NAMESPACE"] = pod.namespace
+        env["POD_IP"] = pod.ip
+        return processes.start(
+            name=f"pod-{pod.key}-{command.container}",
+            argv=command.argv,
+            state_dir=self.cluster.state_dir,
+            log_path=self.cluster.logs_dir / "pods" / f"{pod.key}_{command.container}.log",
+            env=env,
+            cwd=command.cwd,
+        )
+
+    def start_pod(self, pod: rest.JsonObject, request: PodRequest) -> None:
+        workspace = Workspace(directory=self.cluster.state_dir / "pods" / request.uid)
+        workspace.directory.mkdir(parents=True, exist_ok=True)
+        commands = RUNTIMES[request.runtime](request, workspace)
+        podnetwork.add_address(request.ip)
+        started = [RunningProcess(command=c, process=self.spawn(request, c)) for c in commands]
+        self.running[request.uid] = RunningPod(request=request, processes=started)
+        pids = ", ".join(f"{p.command.container}={p.process.pid}" for p in started)
+        self.log(f"started {request.key} ({request.runtime}) on {request.ip}: {pids}")
+        self.event(
+            pod, reason="E2EStarted", message=f"{request.runtime} on {request.ip}", warning=False
+        )
+
+    def stop_pod(self, uid: str) -> None:
+        running = self.running.pop(uid)
+        timeout = min(running.request.grace_seconds, STOP_TIMEOUT)
+        for item in running.processes:
+            processes.stop_group(
+                item.process.pid, state_dir=self.cluster.state_dir, timeout=timeout
+            )
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                item.process.wait(timeout=1)
+        if not any(r.request.ip == running.request.ip for r in self.running.values()):
+            podnetwork.remove_address(running.request.ip)
+        self.log(f"stopped {running.request.key}; released {running.request.ip}")
+
+    def check_processes(self) -> None:
+        """Restart exited processes with a growing delay, like a container in CrashLoopBackOff."""
+        now = time.monotonic()
+        for uid, running in self.running.items():
+            for item in running.processes:
+                code = item.process.poll()
+                if code is None:
+                    continue
+                if item.restart_at is None:
+                    delay = RESTART_BACKOFF[min(item.restarts, len(RESTART_BACKOFF) - 1)]
+                    item.restart_at = now + delay
+                    message = (
+                        f"{item.command.container} exited with {code}; restart in {delay:.0f} s"
+                    )
+                    self.log(f"{running.request.key}: {message}")
+                    if uid in self.pods:
+                        self.event(
+                            self.pods[uid], reason="E2EProcessExited", message=message, warning=True
+                        )
+                elif now >= item.restart_at:
+                    item.process = self.spawn(running.request, item.command)
+                    item.restarts += 1
+                    item.restart_at = None
+                    self.log(f"{running.request.key}: restarted {item.command.container}")
+
+    # -- reconciliation
+
+    def reconcile(self) -> None:
+        desired: dict[str, tuple[rest.JsonObject, PodRequest]] = {}
+        for uid, pod in self.pods.items():
+            try:
+                request = pod_request(pod, nodes=self.cluster.nodes, networks=self.networks)
+            except RejectedPod as error:
+                if self.rejected.get(uid) != str(error):
+                    self.rejected[uid] = str(error)
+                    metadata = pod["metadata"]
+                    self.log(f"rejected {metadata['namespace']}/{metadata['name']}: {error}")
+                    self.event(pod, reason="E2ERejected", message=str(error), warning=True)
+                continue
+            if request is not None:
+                desired[uid] = (pod, request)
+        stale = [
+            uid
+            for uid, running in self.running.items()
+            if uid not in desired or desired[uid][1] != running.request
+        ]
+        for uid in stale:
+            self.stop_pod(uid)
+        for uid, (pod, request) in desired.items():
+            if uid not in self.running:
+                try:
+                    self.start_pod(pod, request)
+                except OSError as error:  # retried at every turn; reported once
+                    if self.rejected.get(uid) != str(error):
+                        self.rejected[uid] = str(error)
+                        self.log(f"cannot start {request.key}: {error}")
+                        self.event(pod, reason="E2EFailed", message=str(error), warning=True)
+        self.rejected = {uid: reason for uid, reason in self.rejected.items() if uid in self.pods}
+        self.check_processes()
+
+    def relist(self) -> str:
+        listing = self.client.get("/api/v1/pods")
+        self.pods = {pod["metadata"]["uid"]: pod for pod in listing.get("items", [])}
+        return str(listing["metadata"]["resourceVersion"])
+
+    def run(self, ready_marker: Path) -> None:
+        resource_version = self.relist()
+        self.reconcile()
+        ready_marker.touch()
+        self.log(f"watching pods on {', '.join(self.cluster.nodes)}")
+        while True:
+            try:
+                for event in self.client.watch(
+                    "/api/v1/pods", resource_version=resource_version, timeout_seconds=WATCH_SECONDS
+                ):
+                    kind, pod = event["type"], event["object"]
+                    if kind == "ERROR":
+                        raise rest.ApiError(int(pod.get("code", 500)), str(pod.get("message")))
+                    resource_version = pod["metadata"]["resourceVersion"]
+                    if kind == "BOOKMARK":
+                        continue
+                    if kind == "DELETED":
+                        self.pods.pop(pod["metadata"]["uid"], None)
+                    else:
+                        self.pods[pod["metadata"]["uid"]] = pod
+                    self.reconcile()
+                self.reconcile()
+            except (rest.ApiError, OSError, ValueError) as error:
+                # 410 Gone (history compacted) or a dropped connection: start over from a list.
+                self.log(f"watch ended ({error}); relisting")
+                time.sleep(1)
+                with contextlib.suppress(rest.ApiError, OSError, ValueError):
+                    resource_version = self.relist()
+                    self.reconcile()
+
+    def stop_all(self) -> None:
+        for uid in list(self.running):
+            self.stop_pod(uid)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--state-dir", type=Path, required=True)
+    args = parser.parse_args(argv)
+
+    def terminate(signum: int, frame: FrameType | None) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, terminate)
+    state_dir = args.state_dir.resolve()
+    lock = podnetwork.try_lock(state_dir)
+    if lock is None:
+        print(f"the pod network is in use by the cluster in {podnetwork.holder()}", flush=True)
+        return 1
+    runner = Runner(controlplane.Cluster.load(state_dir))
+    try:
+        runner.run(state_dir / "podrunner.ready")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        # A second signal must not cut the cleanup short and leave processes and addresses.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        runner.stop_all()
+        lock.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

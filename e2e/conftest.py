@@ -1,0 +1,190 @@
+"""Fixtures for tests against a real API server: ``pytest e2e --e2e``.
+
+With ``KUBECONFIG`` set, the tests use that cluster, but only if its current context is plainly a
+test cluster (``batchpilot-e2e`` or ``kind-batchpilot``). Without it they use the local control
+plane (see ``e2e.cluster``): the one ``make cluster-up`` left running, or one started for the
+session. That happens after collection and outside every test, so the per-test timeouts measure
+the tests, not the start of the cluster.
+"""
+
+import contextlib
+import os
+import re
+import uuid
+from collections.abc import Generator, Iterator
+from pathlib import Path
+
+import kubernetes.client
+import pytest
+
+from e2e import kubes, waiting
+from e2e.cluster import building, controlplane, locations
+
+ALLOWED_CONTEXTS = ("batchpilot-e2e", "kind-batchpilot")
+DUMP_LOG_LINES = 20
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--e2e",
+        action="store_true",
+        default=False,
+        help="run the e2e tests: against $KUBECONFIG if set, else a local cluster started here",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--e2e"):
+        return
+    skip = pytest.mark.skip(reason="e2e test: give --e2e to run it")
+    for item in items:
+        if item.get_closest_marker("e2e"):
+            item.add_marker(skip)
+
+
+class _LocalCluster:
+    """The session's local cluster, if it starts one; held by the config, stopped at exit."""
+
+    def __init__(self) -> None:
+        self.stack = contextlib.ExitStack()
+        self.cluster: controlplane.Cluster | None = None
+        self.error: str | None = None
+
+
+_LOCAL_KEY = pytest.StashKey[_LocalCluster]()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    config = session.config
+    wanted = any(item.get_closest_marker("e2e") for item in session.items)
+    if not config.getoption("--e2e") or not wanted or os.environ.get("KUBECONFIG"):
+        return
+    local = _LocalCluster()
+    config.stash[_LOCAL_KEY] = local
+    state_dir = locations.state_dir()
+    if controlplane.is_up(state_dir):  # `make cluster-up` started it; leave it running after
+        local.cluster = controlplane.Cluster.load(state_dir)
+        return
+    try:
+        building.require_binaries()
+        local.cluster = local.stack.enter_context(controlplane.running(keep_logs=True))
+    except (building.BuildError, controlplane.ClusterError) as error:
+        local.error = str(error)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    local = config.stash.get(_LOCAL_KEY, None)
+    if local is not None:
+        local.stack.close()
+
+
+@pytest.fixture(scope="session")
+def kube(pytestconfig: pytest.Config) -> kubes.Kube:
+    configured = os.environ.get("KUBECONFIG")
+    if configured:
+        return _given_cluster(Path(configured.split(os.pathsep)[0]))
+    started = pytestconfig.stash.get(_LOCAL_KEY, None)
+    if started is None or started.cluster is None:
+        pytest.fail(f"no local cluster: {started.error if started else 'not started'}")
+    cluster = started.cluster
+    return kubes.Kube(
+        kubeconfig=cluster.kubeconfig,
+        context=kubes.current_context(cluster.kubeconfig),
+        local=cluster,
+    )
+
+
+def _given_cluster(kubeconfig: Path) -> kubes.Kube:
+    context = kubes.current_context(kubeconfig)
+    if not any(allowed in context for allowed in ALLOWED_CONTEXTS):
+        pytest.exit(
+            f"refusing to run e2e tests against context {context!r} of {kubeconfig}: "
+            f"its name must contain one of {ALLOWED_CONTEXTS}",
+            returncode=4,
+        )
+    # A cluster that `python -m e2e.cluster up` started is as local as one started here.
+    state_dir = locations.state_dir()
+    local = None
+    if kubeconfig.resolve() == state_dir / "kubeconfig" and controlplane.is_up(state_dir):
+        local = controlplane.Cluster.load(state_dir)
+    return kubes.Kube(kubeconfig=kubeconfig, context=context, local=local)
+
+
+@pytest.fixture
+def local_cluster(kube: kubes.Kube) -> controlplane.Cluster:
+    """The local cluster, for tests that need its pod runner; skips on other clusters."""
+    if kube.local is None:
+        pytest.skip("needs the local cluster (its pod runner); KUBECONFIG points elsewhere")
+    return kube.local
+
+
+def _namespace_name(nodeid: str) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "-", nodeid.rsplit("::", 1)[-1].lower()).strip("-")
+    return f"e2e-{slug[:40].strip('-')}-{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture
+def namespace(kube: kubes.Kube, request: pytest.FixtureRequest) -> Iterator[str]:
+    name = _namespace_name(request.node.nodeid)
+    kube.core.create_namespace(
+        kubernetes.client.V1Namespace(
+            metadata=kubernetes.client.V1ObjectMeta(name=name, labels={"batchpilot.dev/e2e": "1"})
+        )
+    )
+
+    def service_account_exists() -> bool:
+        try:
+            kube.core.read_namespaced_service_account("default", name)
+        except kubernetes.client.ApiException as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
+    # Pods are refused until the controller manager has made the default service account.
+    waiting.wait_for(f"service account default in {name}", service_account_exists)
+    yield name
+    with contextlib.suppress(kubernetes.client.ApiException):
+        kube.core.delete_namespace(name)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.failed and call.when in ("setup", "call"):
+        with contextlib.suppress(Exception):  # a broken cluster must not hide the failure
+            _add_diagnostics(item, report)
+    return report
+
+
+def _add_diagnostics(item: pytest.Item, report: pytest.TestReport) -> None:
+    funcargs = getattr(item, "funcargs", {})
+    kube = funcargs.get("kube")
+    namespace = funcargs.get("namespace")
+    if isinstance(kube, kubes.Kube) and isinstance(namespace, str):
+        report.sections.append(
+            (
+                f"events in {namespace}",
+                kube.kubectl("get", "events", "-n", namespace, "--sort-by=.lastTimestamp"),
+            )
+        )
+        report.sections.append(
+            (
+                f"objects in {namespace}",
+                kube.kubectl(
+                    "get",
+                    "pods,deployments,replicasets,services,configmaps",
+                    "-n",
+                    namespace,
+                    "-o",
+                    "yaml",
+                ),
+            )
+        )
+    if isinstance(kube, kubes.Kube) and kube.local is not None:
+        for log in sorted(kube.local.logs_dir.rglob("*.log")):
+            lines = log.read_text(errors="replace").splitlines()[-DUMP_LOG_LINES:]
+            name = log.relative_to(kube.local.logs_dir)
+            report.sections.append((f"log tail {name}", "\n".join(lines)))

@@ -1,0 +1,45 @@
+"""The generated Go modules: staging replacements come from the release's own go.mod."""
+
+from e2e.cluster import building, versions
+
+KUBERNETES_GO_MOD = """\
+module k8s.io/kubernetes
+
+go 1.26.0
+
+godebug default=go1.26
+
+require (
+\tk8s.io/api v0.0.0
+)
+
+replace (
+\tk8s.io/api => ./staging/src/k8s.io/api
+\tk8s.io/cri-streaming => ./staging/src/k8s.io/cri-streaming
+\tgithub.com/example/other => github.com/example/other v1.0.0
+)
+"""
+
+
+def test_every_staging_module_is_replaced_with_its_published_version() -> None:
+    product = building.kubernetes_product(KUBERNETES_GO_MOD)
+    minor, patch = versions.KUBERNETES.split(".")[1:]
+    assert product.replaces == {
+        "k8s.io/api": f"v0.{minor}.{patch}",
+        "k8s.io/cri-streaming": f"v0.{minor}.{patch}",
+    }
+    rendered = building.render_go_mod(product, go="1.26.0")
+    assert f"require k8s.io/kubernetes {versions.KUBERNETES}" in rendered
+    assert f"\tk8s.io/api => k8s.io/api v0.{minor}.{patch}" in rendered
+    assert f"version.gitVersion={versions.KUBERNETES}" in " ".join(product.ldflags)
+
+
+def test_go_directive_is_compared_as_numbers() -> None:
+    assert building.go_directive(KUBERNETES_GO_MOD) == "1.26.0"
+    assert building.parse_go_version("1.9") < building.parse_go_version("1.26.0")
+    assert building.parse_go_version("1.26rc1") == (1, 26, 0)
+
+
+def test_product_binaries_are_named_after_their_commands() -> None:
+    names = [b for p in building.products(KUBERNETES_GO_MOD) for b in p.binaries]
+    assert sorted(names) == sorted(building.ALL_BINARIES)

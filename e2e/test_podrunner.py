@@ -1,0 +1,98 @@
+"""The pod runner's rules: which pods it runs, and that annotations never become commands."""
+
+import ipaddress
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.cluster import podrunner
+
+NODES = ("kwok-node-0",)
+NETWORKS = (ipaddress.ip_network("10.88.0.0/24"),)
+
+
+def pod(**overrides: Any) -> dict[str, Any]:
+    annotations = {podrunner.RUNTIME_ANNOTATION: "triton", podrunner.MODELS_ANNOTATION: "gpu_sim"}
+    annotations.update(overrides.pop("annotations", {}))
+    body: dict[str, Any] = {
+        "metadata": {"uid": "u1", "namespace": "ns", "name": "p", "annotations": annotations},
+        "spec": {"nodeName": "kwok-node-0"},
+        "status": {"phase": "Running", "podIP": "10.88.0.7"},
+    }
+    for path, value in overrides.items():
+        section, key = path.split("__")
+        body[section][key] = value
+    return body
+
+
+def request(body: dict[str, Any]) -> podrunner.PodRequest | None:
+    return podrunner.pod_request(body, nodes=NODES, networks=NETWORKS)
+
+
+def test_annotated_running_pod_with_an_ip_is_run() -> None:
+    assert request(pod()) == podrunner.PodRequest(
+        uid="u1",
+        namespace="ns",
+        name="p",
+        ip="10.88.0.7",
+        runtime="triton",
+        models=("gpu_sim",),
+        grace_seconds=podrunner.STOP_TIMEOUT,
+    )
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pod(annotations={podrunner.RUNTIME_ANNOTATION: None}),
+        pod(spec__nodeName="real-node"),
+        pod(status__podIP=None),
+        pod(status__phase="Succeeded"),
+        pod(metadata__deletionTimestamp="2026-01-01T00:00:00Z"),
+    ],
+    ids=["not-annotated", "other-node", "no-ip-yet", "finished", "deleting"],
+)
+def test_pods_that_are_not_ours_or_not_running_are_left_alone(body: dict[str, Any]) -> None:
+    body["metadata"]["annotations"] = {
+        k: v for k, v in body["metadata"]["annotations"].items() if v is not None
+    }
+    assert request(body) is None
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (pod(annotations={podrunner.RUNTIME_ANNOTATION: "sh -c id"}), "unknown runtime"),
+        (pod(annotations={podrunner.MODELS_ANNOTATION: "gpu_sim,--help"}), "not a model name"),
+        (pod(annotations={podrunner.MODELS_ANNOTATION: "../etc"}), "not a model name"),
+        (pod(annotations={podrunner.MODELS_ANNOTATION: "a b"}), "not a model name"),
+        (pod(annotations={podrunner.MODELS_ANNOTATION: ",".join("m" * 10)}), "more than"),
+        (pod(status__podIP="127.0.0.1"), "outside the pod CIDRs"),
+        (pod(status__podIP="192.0.2.2"), "outside the pod CIDRs"),
+        (pod(spec__hostNetwork=True), "hostNetwork"),
+    ],
+    ids=["runtime", "flag", "path", "space", "too-many", "loopback", "host-ip", "host-network"],
+)
+def test_pods_asking_for_anything_else_are_rejected(body: dict[str, Any], reason: str) -> None:
+    with pytest.raises(podrunner.RejectedPod, match=reason):
+        request(body)
+
+
+def test_triton_argv_is_built_from_the_table_with_one_flag_per_model(tmp_path: Path) -> None:
+    req = request(pod(annotations={podrunner.MODELS_ANNOTATION: "gpu_sim, other-1"}))
+    assert req is not None
+    (command,) = podrunner.RUNTIMES["triton"](req, podrunner.Workspace(directory=tmp_path))
+    argv = list(command.argv)
+    assert argv[1:5] == ["-m", "batchpilot.local_triton", "--host", "10.88.0.7"]
+    assert argv[-4:] == ["--model", "gpu_sim", "--model", "other-1"]
+    assert str(podrunner.MODEL_REPOSITORY) in argv
+
+
+def test_http_echo_serves_the_pod_name_from_its_own_folder(tmp_path: Path) -> None:
+    req = request(pod(annotations={podrunner.RUNTIME_ANNOTATION: "http-echo"}))
+    assert req is not None
+    (command,) = podrunner.RUNTIMES["http-echo"](req, podrunner.Workspace(directory=tmp_path))
+    assert "--bind" in command.argv
+    assert "10.88.0.7" in command.argv
+    assert (tmp_path / "www" / "index.html").read_text() == "ns/p\n"
