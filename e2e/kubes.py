@@ -31,10 +31,21 @@ class Kube:
 
     def kubectl(self, *args: str) -> str:
         """Run kubectl (ours if built, else the one on PATH) on this cluster; its output."""
+        try:
+            result = self.kubectl_run(*args)
+        except FileNotFoundError:
+            return "(no kubectl)"
+        return result.stdout + result.stderr
+
+    def kubectl_run(
+        self, *args: str, stdin: str | None = None, timeout: float = 30
+    ) -> subprocess.CompletedProcess[str]:
+        """Run kubectl on this cluster; the completed process, whatever its exit status."""
         ours = locations.bin_dir() / "kubectl"
         binary = str(ours) if ours.exists() else shutil.which("kubectl")
         if binary is None:
-            return "(no kubectl)"
+            raise FileNotFoundError("kubectl: neither built (make k8s-bins) nor on PATH")
         argv = [binary, f"--kubeconfig={self.kubeconfig}", f"--context={self.context}", *args]
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
-        return result.stdout + result.stderr
+        return subprocess.run(
+            argv, input=stdin, capture_output=True, text=True, timeout=timeout, check=False
+        )

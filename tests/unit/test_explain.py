@@ -128,3 +128,17 @@ def test_missing_file_and_bad_arguments_are_clear(
     assert "expected NAME=VALUE with NAME one of queueDepth" in capsys.readouterr().err
     assert cli.main(["explain", "--policy", str(SAMPLE), "--at", "tomorrow"]) == 2
     assert "is not an ISO 8601 time" in capsys.readouterr().err
+
+
+def test_unquoted_time_gets_a_hint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        "target: {selector: {}}\nprofiles: {a: {maxQueueDelayMicroseconds: 1}}\n"
+        "defaultProfile: a\nschedule: {windows: [{profile: a, start: '09:30', end: 16:00}]}\n",
+        encoding="utf-8",
+    )
+    assert cli.main(["explain", "--policy", str(policy)]) == 2
+    assert (
+        'spec.schedule.windows[0].end: write times in quotes, e.g. "16:00"'
+        in capsys.readouterr().err
+    )

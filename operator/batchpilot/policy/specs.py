@@ -39,8 +39,12 @@ LOAD_METRICS: tuple[LoadMetric, ...] = (
 
 BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE)]
 QueueDelay = Annotated[int, Field(ge=0, le=MAX_QUEUE_DELAY_MICROSECONDS)]
-LocalTime = Annotated[str, Field(pattern=r"^([01][0-9]|2[0-3]):[0-5][0-9]$")]
-LocalEndTime = Annotated[str, Field(pattern=r"^(([01][0-9]|2[0-3]):[0-5][0-9]|24:00)$")]
+LocalTime = Annotated[str, Field(max_length=5, pattern=r"^([01][0-9]|2[0-3]):[0-5][0-9]$")]
+LocalEndTime = Annotated[
+    str, Field(max_length=5, pattern=r"^(([01][0-9]|2[0-3]):[0-5][0-9]|24:00)$")
+]
+# A reference to one of spec.profiles; bounded so the API server can cost the CEL rules.
+ProfileRef = Annotated[str, Field(min_length=1, max_length=63)]
 Duration = Annotated[str, Field(min_length=2, max_length=32, pattern=durations.DURATION_PATTERN)]
 PortRef = Annotated[int | str, Field(json_schema_extra={"x-kubernetes-int-or-string": True})]
 
@@ -207,7 +211,7 @@ class Target(Model):
 class Window(Model):
     """A weekly window in which a profile applies, in the schedule's time zone."""
 
-    profile: str
+    profile: ProfileRef
     """The profile that applies inside the window; must name one of spec.profiles."""
     days: Annotated[
         list[Weekday],
@@ -219,6 +223,16 @@ class Window(Model):
     """Local start time, HH:MM (24-hour clock)."""
     end: LocalEndTime
     """Local end time, HH:MM or 24:00. An end at or before the start crosses midnight."""
+
+    @pydantic.field_validator("start", "end", mode="before")
+    @classmethod
+    def _quoted_time(cls, value: Any) -> Any:
+        if isinstance(value, int):
+            raise ValueError(
+                f'write times in quotes, e.g. "16:00" (unquoted, YAML 1.1 reads 16:00 as the '
+                f"number {value})"
+            )
+        return value
 
     cross_field_rules = (
         validations.CrossFieldRule(
@@ -271,7 +285,7 @@ class Schedule(Model):
 class LoadRule(Model):
     """Switch to a profile while a load signal stays high."""
 
-    profile: str
+    profile: ProfileRef
     """The profile that applies while the rule holds; must name one of spec.profiles."""
     metric: LoadMetric
     """The signal, aggregated over all governed replicas and models: queueDepth (pending
@@ -336,7 +350,7 @@ class Slo(Model):
     p95_latency_ms: Annotated[float, Field(gt=0, le=600_000)]
     """The p95 request latency objective in milliseconds."""
     profiles: Annotated[
-        list[str], Field(max_length=32, json_schema_extra={"x-kubernetes-list-type": "set"})
+        list[ProfileRef], Field(max_length=32, json_schema_extra={"x-kubernetes-list-type": "set"})
     ] = []
     """Profiles the objective applies to; empty means all."""
     autotune: bool = False
@@ -359,7 +373,7 @@ class Slo(Model):
 class Override(Model):
     """A manual override: this profile applies until the given time, ahead of every rule."""
 
-    profile: str
+    profile: ProfileRef
     """The profile to force; must name one of spec.profiles."""
     until: AwareDatetime | None = None
     """When the override ends (RFC 3339, e.g. 2026-11-22T23:00:00Z); absent means until removed."""
@@ -395,7 +409,7 @@ class BatchPolicySpec(Model):
     """Which Triton Pods and models the policy governs."""
     profiles: Annotated[dict[str, Profile], Field(min_length=1, max_length=32)]
     """Named batching profiles, e.g. interactive and bulk."""
-    default_profile: str
+    default_profile: ProfileRef
     """The profile that applies when no override, load rule or window does."""
     schedule: Schedule | None = None
     """Clock-based windows."""
