@@ -22,6 +22,9 @@ without stopping its stubs (unloading a four-instance model takes it about four 
 orphans would be re-parented to init and linger as processes, then zombies, so the owner of a
 server makes itself a child subreaper and kills and reaps them itself. Stubs that die that way
 leave their shared-memory regions in /dev/shm; the server's unique region prefix finds them.
+
+Start-up to readiness, measured on 2 cores with warm caches: 0.3 s with gpu_sim, 1.4 s with
+torch_mlp (each stub imports torch), 1.6 s with both; a cold first import of torch adds seconds.
 """
 
 from __future__ import annotations
@@ -260,8 +263,7 @@ class LocalTriton:
     models are then presented through a repository of symlinks in the run directory.
 
     The run directory holds the server log and the emulated-device lock. Without one given, a
-    temporary directory is made; it is kept after `stop()` so the log can be read, unless the
-    log went to the console.
+    temporary directory is made and removed by `stop()`; give one to keep the log.
     """
 
     def __init__(
@@ -293,6 +295,8 @@ class LocalTriton:
         self._run_directory: Path | None = None
         self._owns_run_directory = False
         self._ports: Ports | None = None
+        if all(self._requested_ports):
+            self._ports = Ports(http=http_port, grpc=grpc_port, metrics=metrics_port)
         self._process: subprocess.Popen[bytes] | None = None
         self._started_at: float | None = None
         self._startup_seconds: float | None = None
@@ -316,9 +320,11 @@ class LocalTriton:
         else:
             self._run_directory = self._requested_run_directory
             self._run_directory.mkdir(parents=True, exist_ok=True)
-        automatic = iter(free_ports(self.host, sum(1 for p in self._requested_ports if p == 0)))
-        http, grpc, metrics = (port or next(automatic) for port in self._requested_ports)
-        self._ports = Ports(http=http, grpc=grpc, metrics=metrics)
+        if self._ports is None:
+            wanted = self._requested_ports
+            automatic = iter(free_ports(self.host, sum(1 for port in wanted if port == 0)))
+            http, grpc, metrics = (port or next(automatic) for port in wanted)
+            self._ports = Ports(http=http, grpc=grpc, metrics=metrics)
 
         command = self.command(distribution=distribution, backend_directory=backend_directory)
         environment = server_environment(
@@ -456,7 +462,7 @@ class LocalTriton:
         for region in Path("/dev/shm").glob(f"{self._shared_memory_prefix}*"):  # noqa: S108
             # Stubs that did not shut down gracefully leave their regions behind.
             region.unlink(missing_ok=True)
-        if self._owns_run_directory and self._log_to_console:
+        if self._owns_run_directory:
             shutil.rmtree(self.run_directory, ignore_errors=True)
         return status
 
@@ -507,7 +513,7 @@ class LocalTriton:
     @property
     def ports(self) -> Ports:
         if self._ports is None:
-            raise LocalTritonError("ports are chosen when the server starts")
+            raise LocalTritonError("free ports are chosen when the server starts")
         return self._ports
 
     @property
@@ -522,6 +528,11 @@ class LocalTriton:
         if self._log_to_console:
             raise LocalTritonError("this server logs to the console")
         return self.run_directory / "tritonserver.log"
+
+    @property
+    def shared_memory_prefix(self) -> str:
+        """The name prefix of the server's Python-backend regions in /dev/shm."""
+        return self._shared_memory_prefix
 
     @property
     def device_lock_path(self) -> Path:
