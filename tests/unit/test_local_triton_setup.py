@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import socket
 import sys
@@ -117,3 +118,19 @@ def test_unknown_model_is_refused_before_anything_starts(tmp_path: Path) -> None
 
 def test_process_group_members_include_this_process() -> None:
     assert os.getpid() in local_triton.process_group_members(os.getpgid(0))
+
+
+def child_subreaper() -> int:
+    libc = ctypes.CDLL(None, use_errno=True)
+    value = ctypes.c_int(-1)
+    assert libc.prctl(37, ctypes.byref(value), 0, 0, 0) == 0  # PR_GET_CHILD_SUBREAPER
+    return value.value
+
+
+def test_orphans_are_adopted_only_while_asked_for() -> None:
+    before = child_subreaper()
+
+    with local_triton.adopting_orphans():
+        assert child_subreaper() == 1
+
+    assert child_subreaper() == before
