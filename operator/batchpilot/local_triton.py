@@ -183,9 +183,17 @@ class Ports:
     metrics: int
 
 
+def _ip_address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None  # a host name
+
+
 def free_ports(host: str, count: int) -> list[int]:
     """Ports the kernel considers free on `host` now (held together, so they are distinct)."""
-    family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    address = _ip_address(host)
+    family = socket.AF_INET6 if address and address.version == 6 else socket.AF_INET
     with contextlib.ExitStack() as stack:
         sockets = [
             stack.enter_context(socket.socket(family, socket.SOCK_STREAM)) for _ in range(count)
@@ -197,7 +205,9 @@ def free_ports(host: str, count: int) -> list[int]:
 
 def _url_host(host: str) -> str:
     """The address a client on this machine uses to reach a server bound to `host`."""
-    address = ipaddress.ip_address(host)
+    address = _ip_address(host)
+    if address is None:
+        return host
     if address.is_unspecified:
         address = ipaddress.ip_address("::1" if address.version == 6 else "127.0.0.1")
     return f"[{address}]" if address.version == 6 else str(address)
@@ -628,16 +638,23 @@ def _parser() -> argparse.ArgumentParser:
         description="Run the tritonserver of the nvidia-pytriton wheel in the foreground until "
         "SIGTERM or SIGINT, then stop it and its Python-backend stubs.",
     )
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
-    parser.add_argument("--http-port", type=int, default=0, help="0 picks a free port (default)")
-    parser.add_argument("--grpc-port", type=int, default=0, help="0 picks a free port (default)")
-    parser.add_argument("--metrics-port", type=int, default=0, help="0 picks a free port (default)")
-    parser.add_argument("--model-repository", type=Path, required=True)
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        metavar="ADDRESS",
+        help="address to bind (default %(default)s)",
+    )
+    for name in ("--http-port", "--grpc-port", "--metrics-port"):
+        parser.add_argument(
+            name, type=int, default=0, metavar="PORT", help="0 picks a free port (default)"
+        )
+    parser.add_argument("--model-repository", type=Path, required=True, metavar="DIR")
     parser.add_argument(
         "--model",
         action="append",
         default=[],
         dest="models",
+        metavar="NAME",
         help="model to load at start-up; repeat for several",
     )
     parser.add_argument(
@@ -645,11 +662,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run in Triton's default model-control mode, which refuses load/unload requests",
     )
-    parser.add_argument("--exit-timeout-secs", type=int, default=2)
-    parser.add_argument("--ready-timeout", type=float, default=120.0, help="seconds")
+    parser.add_argument("--exit-timeout-secs", type=int, default=2, metavar="SECONDS")
+    parser.add_argument("--ready-timeout", type=float, default=120.0, metavar="SECONDS")
     parser.add_argument(
         "--run-directory",
         type=Path,
+        metavar="DIR",
         help="for the server log and the emulated-device lock; default: a temporary directory, "
         "and the log goes to this process's stdout",
     )

@@ -97,6 +97,7 @@ def test_free_ports_are_distinct_and_bindable() -> None:
         ("10.244.0.7", "10.244.0.7"),
         ("::", "[::1]"),
         ("::1", "[::1]"),
+        ("localhost", "localhost"),
     ],
 )
 def test_urls_reach_the_bound_address_from_this_machine(host: str, url_host: str) -> None:
