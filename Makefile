@@ -6,7 +6,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: venv lint unit test crds
+.PHONY: venv lint unit integration e2e test demo crds
+
+# The main job: a local Triton, the demo model, a policy and load; watch it switch.
+demo: venv
+	$(VENV)/bin/batchpilot demo
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -27,8 +31,18 @@ crds: venv
 unit: venv
 	$(PY) -m pytest tests/unit
 
-test: lint
+integration: venv
+	$(PY) -m pytest tests/integration
+
+# Against a real API server: the local control plane (started and stopped by the suite), or the
+# cluster $$KUBECONFIG names if it is a test cluster.
+e2e: venv k8s-bins
+	$(PY) -m pytest e2e --e2e
+
+# Everything CI runs (.ci/run): linters, unit and integration tests, the e2e suite.
+test: lint k8s-bins
 	$(PY) -m pytest tests
+	$(PY) -m pytest e2e --e2e
 
 # The e2e control plane: Kubernetes, etcd, kwok and helm built from Go modules once per version
 # into ${BATCHPILOT_CACHE:-~/.cache/batchpilot} (slow the first time), run on loopback from .run/.

@@ -66,6 +66,14 @@ def _run(arguments: argparse.Namespace) -> int:
     )
 
 
+def _demo(arguments: argparse.Namespace) -> int:
+    from batchpilot import demo  # the demo needs the [triton] extra; load it only here
+
+    return demo.main(
+        short=arguments.short, model=arguments.model, model_repository=arguments.model_repository
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="batchpilot",
@@ -129,6 +137,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--ticks", type=int, help=argparse.SUPPRESS)
     run.set_defaults(handler=_run)
+
+    demo = commands.add_parser(
+        "demo",
+        help="a local Triton, the demo model, a policy and load: watch it switch",
+        description="Start a local tritonserver (CPU) with the gpu_sim demo model, run the "
+        "standalone runner with a compressed schedule and a load rule, drive quiet and busy "
+        "load, print a live view and a summary per profile. Leaves nothing running.",
+    )
+    demo.add_argument("--short", action="store_true", help="a shorter run (about a minute)")
+    demo.add_argument("--model", choices=("gpu_sim", "torch_mlp"), default="gpu_sim")
+    demo.add_argument(
+        "--model-repository",
+        type=Path,
+        help="the demo model repository (default: manifests/model-repository of this checkout)",
+    )
+    demo.set_defaults(handler=_demo)
     return parser
 
 

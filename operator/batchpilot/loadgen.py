@@ -15,9 +15,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import functools
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import aiohttp
 import numpy as np
@@ -231,26 +232,39 @@ async def run_load(
     max_in_flight: int = 512,
     request_timeout: float = 30.0,
     session: aiohttp.ClientSession | None = None,
+    on_record: Callable[[RequestRecord], None] | None = None,
 ) -> LoadResult:
-    """Send the schedule's arrivals to `{base_url}/v2/models/{model}/infer`; wait for them all."""
+    """Send the schedule's arrivals to `{base_url}/v2/models/{model}/infer`; wait for them all.
+
+    `on_record` sees each request's record as soon as it is complete, for live views."""
     arrivals = poisson_arrivals(phases, seed=seed)
+    run = functools.partial(
+        _run,
+        base_url=base_url,
+        payload=payload,
+        phases=phases,
+        arrivals=arrivals,
+        max_in_flight=max_in_flight,
+        request_timeout=request_timeout,
+        on_record=on_record,
+    )
     if session is None:
         connector = aiohttp.TCPConnector(limit=max_in_flight)
         async with aiohttp.ClientSession(connector=connector) as own_session:
-            return await _run(
-                own_session, base_url, payload, phases, arrivals, max_in_flight, request_timeout
-            )
-    return await _run(session, base_url, payload, phases, arrivals, max_in_flight, request_timeout)
+            return await run(own_session)
+    return await run(session)
 
 
 async def _run(
     session: aiohttp.ClientSession,
+    *,
     base_url: str,
     payload: InferencePayload,
     phases: Sequence[Phase],
     arrivals: Sequence[Arrival],
     max_in_flight: int,
     request_timeout: float,
+    on_record: Callable[[RequestRecord], None] | None,
 ) -> LoadResult:
     loop = asyncio.get_running_loop()
     url = f"{base_url}/v2/models/{payload.model}/infer"
@@ -275,7 +289,7 @@ async def _run(
         except (aiohttp.ClientError, TimeoutError) as failure:
             error = f"{type(failure).__name__}: {failure}"[:_ERROR_TEXT_LIMIT]
         finished = loop.time() - start
-        records[index] = RequestRecord(
+        record = RequestRecord(
             phase=arrival.phase,
             scheduled=arrival.offset,
             sent=sent,
@@ -283,6 +297,9 @@ async def _run(
             status=status,
             error=error,
         )
+        records[index] = record
+        if on_record is not None:
+            on_record(record)
 
     for index, arrival in enumerate(arrivals):
         delay = start + arrival.offset - loop.time()

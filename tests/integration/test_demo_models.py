@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import urllib.request
+
 import numpy as np
 import numpy.typing as npt
 import pytest
 import tritonclient.http
 
 from batchpilot import demo_models, loadgen, local_triton
+from batchpilot.triton import scraping
 from triton_fixtures import TritonFactory, dynamic_batching, triton_client
 
 pytestmark = pytest.mark.integration
@@ -28,8 +31,9 @@ def infer(
     return output.astype(np.float32, copy=False)
 
 
-def snapshot(server: local_triton.LocalTriton) -> demo_models.MetricsSnapshot:
-    return demo_models.MetricsSnapshot.scrape(server.metrics_url)
+def snapshot(server: local_triton.LocalTriton) -> scraping.Snapshot:
+    with urllib.request.urlopen(server.metrics_url, timeout=10.0) as response:
+        return scraping.parse(response.read().decode())
 
 
 def test_gpu_sim_answers_with_tanh_of_its_input(server: local_triton.LocalTriton) -> None:
@@ -75,7 +79,7 @@ def test_reload_with_other_dynamic_batching_shows_in_the_model_config(
 
 def test_gpu_sim_holds_the_device_for_its_step_time(server: local_triton.LocalTriton) -> None:
     requests_per_size = 10
-    measured: dict[int, demo_models.ModelCounters] = {}
+    measured: dict[int, scraping.ModelCounters] = {}
 
     with triton_client(server) as client:
         step_time = demo_models.StepTime.from_model_config(
@@ -87,7 +91,7 @@ def test_gpu_sim_holds_the_device_for_its_step_time(server: local_triton.LocalTr
             # One request at a time: every execution is one request's batch.
             for _ in range(requests_per_size):
                 infer(client, demo_models.GPU_SIM, values)
-            measured[batch_size] = snapshot(server).increase(before, demo_models.GPU_SIM)
+            measured[batch_size] = scraping.increase(before, snapshot(server), demo_models.GPU_SIM)
 
     expected_total = 0.0
     for batch_size, counters in measured.items():
@@ -113,7 +117,7 @@ async def test_longer_queue_delay_makes_fewer_larger_batches_on_the_shared_devic
         "eager": {"max_queue_delay_microseconds": 0},
         "patient": {"max_queue_delay_microseconds": 20_000, "preferred_batch_size": [32, 64]},
     }
-    measured: dict[str, demo_models.ModelCounters] = {}
+    measured: dict[str, scraping.ModelCounters] = {}
 
     with triton_client(server) as client:
         for name, settings in profiles.items():
@@ -122,7 +126,7 @@ async def test_longer_queue_delay_makes_fewer_larger_batches_on_the_shared_devic
                 result = await loadgen.run_load(
                     base_url=server.http_url, payload=payload, phases=load, seed=7
                 )
-                measured[name] = snapshot(server).increase(before, demo_models.GPU_SIM)
+                measured[name] = scraping.increase(before, snapshot(server), demo_models.GPU_SIM)
             summary = result.summary()
             assert summary.succeeded == summary.scheduled, summary.describe()
 
@@ -150,7 +154,7 @@ def test_torch_mlp_spreads_its_compute_over_the_batch(server: local_triton.Local
             before = snapshot(server)
             for _ in range(10):
                 infer(client, demo_models.TORCH_MLP, values)
-            counters = snapshot(server).increase(before, demo_models.TORCH_MLP)
+            counters = scraping.increase(before, snapshot(server), demo_models.TORCH_MLP)
             assert counters.device_inferences == 10 * batch_size
             device_seconds_per_inference[batch_size] = (
                 counters.device_busy_seconds / counters.device_inferences

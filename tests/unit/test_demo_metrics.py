@@ -7,6 +7,7 @@ import ast
 import pytest
 
 from batchpilot import demo_models
+from batchpilot.triton import scraping
 
 EMULATED_DEVICE_COPIES = sorted(demo_models.MODEL_REPOSITORY.glob("*/1/emulated_device.py"))
 
@@ -27,10 +28,8 @@ def test_metric_names_match_what_the_emulated_device_exports() -> None:
         and isinstance(node.value, ast.Constant)
     }
 
-    assert exported["BUSY_SECONDS"] == demo_models.DEVICE_BUSY_SECONDS
-    assert exported["WAIT_SECONDS"] == demo_models.DEVICE_WAIT_SECONDS
-    assert exported["EXECUTIONS"] == demo_models.DEVICE_EXECUTIONS
-    assert exported["INFERENCES"] == demo_models.DEVICE_INFERENCES
+    names = {exported[key] for key in ("BUSY_SECONDS", "WAIT_SECONDS", "EXECUTIONS", "INFERENCES")}
+    assert names == {f"{family}_total" for family in scraping.EMULATED_DEVICE_FAMILIES}
 
 
 def test_step_time_comes_from_the_model_parameters() -> None:
@@ -67,29 +66,23 @@ def page(busy_by_stub: dict[str, float], *, inferences: int, executions: int) ->
     return "\n".join(lines) + "\n"
 
 
-def test_totals_sum_series_and_convert_microseconds() -> None:
-    snapshot = demo_models.MetricsSnapshot.parse(
-        page({"10": 1.5, "11": 0.5}, inferences=40, executions=10)
-    )
+def test_totals_sum_series() -> None:
+    snapshot = scraping.parse(page({"10": 1.5, "11": 0.5}, inferences=40, executions=10))
 
     totals = snapshot.totals("gpu_sim")
 
     assert totals.device_busy_seconds == 2.0
-    assert totals.queue_seconds == 2.5
+    assert totals.queue_us == 2_500_000
     assert totals.average_batch_size == 4.0
-    assert demo_models.MetricsSnapshot.parse("").totals("gpu_sim") == demo_models.ModelCounters()
+    assert scraping.parse("").totals("gpu_sim") == scraping.ModelCounters()
 
 
 def test_increase_survives_the_series_churn_of_a_reload() -> None:
-    before = demo_models.MetricsSnapshot.parse(
-        page({"10": 5.0, "11": 3.0}, inferences=100, executions=20)
-    )
+    before = scraping.parse(page({"10": 5.0, "11": 3.0}, inferences=100, executions=20))
     # Stub 10 was replaced by stub 12 (which counts from zero); stub 11 went on counting.
-    after = demo_models.MetricsSnapshot.parse(
-        page({"11": 4.0, "12": 0.25}, inferences=160, executions=30)
-    )
+    after = scraping.parse(page({"11": 4.0, "12": 0.25}, inferences=160, executions=30))
 
-    increase = after.increase(before, "gpu_sim")
+    increase = scraping.increase(before, after, "gpu_sim")
 
     assert increase.device_busy_seconds == pytest.approx(1.25)
     assert increase.inferences == 60
@@ -97,10 +90,10 @@ def test_increase_survives_the_series_churn_of_a_reload() -> None:
 
 
 def test_a_counter_that_went_down_was_reset() -> None:
-    before = demo_models.MetricsSnapshot.parse(page({"10": 5.0}, inferences=100, executions=20))
-    after = demo_models.MetricsSnapshot.parse(page({"10": 1.0}, inferences=8, executions=2))
+    before = scraping.parse(page({"10": 5.0}, inferences=100, executions=20))
+    after = scraping.parse(page({"10": 1.0}, inferences=8, executions=2))
 
-    increase = after.increase(before, "gpu_sim")
+    increase = scraping.increase(before, after, "gpu_sim")
 
     assert increase.device_busy_seconds == 1.0
     assert increase.inferences == 8

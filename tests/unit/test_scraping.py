@@ -75,11 +75,11 @@ def test_rates_between_two_pages() -> None:
     )
     rates = scraping.rates(before, after)["gpu_sim"]
     assert rates.request_rate == pytest.approx(101.0)
-    assert rates.failures == 2
-    assert rates.average_batch_size == pytest.approx(16.0)
-    assert rates.queue_ms_per_request == pytest.approx(1.0)
-    assert rates.latency_ms_per_request == pytest.approx(2000 / 202)
-    assert rates.device_busy_seconds == pytest.approx(0.5)
+    assert rates.counted.requests_failed == 2
+    assert rates.counted.average_batch_size == pytest.approx(16.0)
+    assert rates.counted.queue_ms_per_request == pytest.approx(1.0)
+    assert rates.counted.latency_ms_per_request == pytest.approx(2000 / 202)
+    assert rates.counted.device_busy_seconds == pytest.approx(0.5)
     assert rates.pending == 7
     assert rates.p95_ms == pytest.approx(31.0)
     assert rates.p50_ms is None  # NaN in an empty summary window is no value

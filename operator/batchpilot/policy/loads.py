@@ -44,6 +44,11 @@ def rule_key(index: int, rule: specs.LoadRule) -> str:
     )
 
 
+def _number(value: float) -> str:
+    """Measurements in reasons: no more digits than anyone reads."""
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
 def describe(rule: specs.LoadRule) -> str:
     text = f"{rule.metric} > {rule.above:g}"
     if rule.hold_seconds:
@@ -88,15 +93,15 @@ def evaluate(
     return RuleOutcome(
         RuleState(holding=state.holding, crossing_since=crossing_since),
         value,
-        f"{rule.metric}={value:g} {threshold} for {waited} of "
+        f"{rule.metric}={_number(value)} {threshold} for {waited} of "
         f"{durations.format_duration(rule.hold_seconds)}",
     )
 
 
 def _status(rule: specs.LoadRule, state: RuleState, value: float) -> str:
     if state.holding:
-        return f"{rule.metric}={value:g} (holds until < {rule.release_below:g})"
-    return f"{rule.metric}={value:g} (not > {rule.above:g})"
+        return f"{rule.metric}={_number(value)} (holds until < {rule.release_below:g})"
+    return f"{rule.metric}={_number(value)} (not > {rule.above:g})"
 
 
 def steady_state(rule: specs.LoadRule, signals: Mapping[str, float]) -> RuleState:

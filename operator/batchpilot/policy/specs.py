@@ -149,6 +149,13 @@ class Profile(Model):
             ),
         ),
         validations.CrossFieldRule(
+            cel="!has(self.priorityLevels) || has(self.defaultPriorityLevel)",
+            message="priorityLevels needs defaultPriorityLevel: Triton must know the level of "
+            "requests that set none",
+            field_path=".defaultPriorityLevel",
+            holds=lambda p: p.priority_levels is None or p.default_priority_level is not None,
+        ),
+        validations.CrossFieldRule(
             cel="!has(self.defaultPriorityLevel)"
             " || (has(self.priorityLevels) && self.defaultPriorityLevel <= self.priorityLevels)",
             message="defaultPriorityLevel needs priorityLevels and must be at most priorityLevels",

@@ -32,9 +32,11 @@ def signals_from_rates(
     if selected:
         metrics["queueDepth"] = sum(rates.pending for rates in selected)
         metrics["requestRate"] = sum(rates.request_rate for rates in selected)
-        requests = sum(rates.requests for rates in selected)
+        requests = sum(rates.counted.requests for rates in selected)
         if requests:
-            metrics["queueTimeMs"] = sum(rates.queue_us for rates in selected) / requests / 1000
+            metrics["queueTimeMs"] = (
+                sum(rates.counted.queue_us for rates in selected) / requests / 1000
+            )
         p95s = [rates.p95_ms for rates in selected if rates.p95_ms is not None]
         if p95s:
             metrics["p95LatencyMs"] = max(p95s)

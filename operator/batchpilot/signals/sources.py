@@ -54,7 +54,7 @@ class TritonMetricsSource:
                 self._previous.pop(server.url, None)
                 continue
             snapshot = scraping.parse(page, taken_at=self._clock())
-            gpu_utilization.extend(snapshot.gpu_utilization)
+            gpu_utilization.extend(snapshot.gpu_values(scraping.GPU_UTILIZATION))
             previous = self._previous.get(server.url)
             self._previous[server.url] = snapshot
             if previous is not None:

@@ -1,143 +1,80 @@
-"""Triton's Prometheus metrics, parsed into per-model counters and turned into rates.
+"""Triton's Prometheus metrics, parsed series by series and turned into per-model rates.
 
 Triton exports cumulative counters (requests, executions, microseconds spent queued and
 computing), a pending-request gauge, and, with `--metrics-config summary_latencies=true`,
-latency quantiles over a recent window. Rates come from the difference of two snapshots; a
-counter that went backwards means the server restarted, and the later value is the delta.
+latency quantiles over a recent window. What happened between two scrapes is the increase of
+every series, as PromQL's `increase()` sees it: a new series counts from zero, a vanished one
+counts nothing, and one that went down was reset (the server restarted). Working series by
+series matters: a reload starts new Python-backend stubs whose custom counters start at zero
+while the old stubs' series linger for a while, so per-model sums would jump backwards.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-# Triton's metric families, by the name the Prometheus parser gives them (counters lose
-# their `_total` suffix).
-SUCCESS = "nv_inference_request_success"
-FAILURE = "nv_inference_request_failure"
-INFERENCES = "nv_inference_count"
-EXECUTIONS = "nv_inference_exec_count"
-REQUEST_US = "nv_inference_request_duration_us"
-QUEUE_US = "nv_inference_queue_duration_us"
-COMPUTE_INFER_US = "nv_inference_compute_infer_duration_us"
+# Families by the name the Prometheus parser gives them (counters lose their `_total`),
+# mapped to the ModelCounters field they add to.
+COUNTER_FIELDS = {
+    "nv_inference_request_success": "requests_succeeded",
+    "nv_inference_request_failure": "requests_failed",
+    "nv_inference_count": "inferences",
+    "nv_inference_exec_count": "executions",
+    "nv_inference_request_duration_us": "request_us",
+    "nv_inference_queue_duration_us": "queue_us",
+    "nv_inference_compute_infer_duration_us": "compute_infer_us",
+    # The demo models' emulated accelerator: manifests/model-repository/*/1/emulated_device.py
+    # exports these (a unit test keeps the names in step).
+    "emulated_device_busy_seconds": "device_busy_seconds",
+    "emulated_device_wait_seconds": "device_wait_seconds",
+    "emulated_device_executions": "device_executions",
+    "emulated_device_inferences": "device_inferences",
+}
+EMULATED_DEVICE_FAMILIES = tuple(name for name in COUNTER_FIELDS if name.startswith("emulated_"))
 PENDING = "nv_inference_pending_request_count"
 REQUEST_SUMMARY_US = "nv_inference_request_summary_us"
-QUEUE_SUMMARY_US = "nv_inference_queue_summary_us"
 GPU_UTILIZATION = "nv_gpu_utilization"
 GPU_MEMORY_USED = "nv_gpu_memory_used_bytes"
 GPU_MEMORY_TOTAL = "nv_gpu_memory_total_bytes"
-# The demo models' emulated accelerator (manifests/model-repository).
-EMULATED_DEVICE_BUSY = "emulated_device_busy_seconds"
+_GPU_GAUGES = (GPU_UTILIZATION, GPU_MEMORY_USED, GPU_MEMORY_TOTAL)
 
-_COUNTERS = (
-    SUCCESS,
-    FAILURE,
-    INFERENCES,
-    EXECUTIONS,
-    REQUEST_US,
-    QUEUE_US,
-    COMPUTE_INFER_US,
-    EMULATED_DEVICE_BUSY,
-)
+SeriesKey = tuple[str, frozenset[tuple[str, str]]]
 
 
-@dataclass(frozen=True)
-class ModelSample:
-    """One model's metrics at one instant (all versions together)."""
+@dataclass(frozen=True, kw_only=True)
+class ModelCounters:
+    """Counts of one model, summed over its versions, instances and stubs."""
 
-    counters: Mapping[str, float]
-    pending: float
-    request_quantiles_us: Mapping[float, float] = field(default_factory=dict)
-    queue_quantiles_us: Mapping[float, float] = field(default_factory=dict)
-
-    def counter(self, name: str) -> float:
-        return self.counters.get(name, 0.0)
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """A whole metrics page at one instant."""
-
-    taken_at: float
-    """Monotonic seconds."""
-    models: Mapping[str, ModelSample]
-    gpu_utilization: tuple[float, ...] = ()
-    """Per GPU, 0..1, where Triton reports it (DCGM)."""
-    gpu_memory_used_bytes: tuple[float, ...] = ()
-    gpu_memory_total_bytes: tuple[float, ...] = ()
-    summaries_enabled: bool = False
-
-
-def parse(text: str, *, taken_at: float) -> Snapshot:
-    counters: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    pending: dict[str, float] = defaultdict(float)
-    quantiles: dict[str, dict[str, dict[float, float]]] = defaultdict(lambda: defaultdict(dict))
-    gpu: dict[str, list[float]] = defaultdict(list)
-    summaries_enabled = False
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            model = sample.labels.get("model")
-            if family.name in _COUNTERS and model and not sample.name.endswith("_created"):
-                counters[model][family.name] += sample.value
-            elif family.name == PENDING and model:
-                pending[model] += sample.value
-            elif family.name in (REQUEST_SUMMARY_US, QUEUE_SUMMARY_US) and model:
-                summaries_enabled = True
-                if "quantile" in sample.labels and sample.value == sample.value:  # not NaN
-                    quantile = float(sample.labels["quantile"])
-                    # With several versions, the worst version is what users feel.
-                    known = quantiles[family.name][model].get(quantile, 0.0)
-                    quantiles[family.name][model][quantile] = max(known, sample.value)
-            elif family.name in (GPU_UTILIZATION, GPU_MEMORY_USED, GPU_MEMORY_TOTAL):
-                gpu[family.name].append(sample.value)
-    names = set(counters) | set(pending)
-    return Snapshot(
-        taken_at=taken_at,
-        models={
-            name: ModelSample(
-                counters=dict(counters[name]),
-                pending=pending[name],
-                request_quantiles_us=dict(quantiles[REQUEST_SUMMARY_US][name]),
-                queue_quantiles_us=dict(quantiles[QUEUE_SUMMARY_US][name]),
-            )
-            for name in names
-        },
-        gpu_utilization=tuple(gpu[GPU_UTILIZATION]),
-        gpu_memory_used_bytes=tuple(gpu[GPU_MEMORY_USED]),
-        gpu_memory_total_bytes=tuple(gpu[GPU_MEMORY_TOTAL]),
-        summaries_enabled=summaries_enabled,
-    )
-
-
-@dataclass(frozen=True)
-class ModelRates:
-    """What one model did between two snapshots."""
-
-    seconds: float
-    requests: float
-    """Requests completed (success + failure)."""
-    failures: float
-    inferences: float
-    executions: float
-    request_us: float
-    queue_us: float
-    compute_infer_us: float
-    device_busy_seconds: float
-    pending: float
-    p50_ms: float | None
-    p95_ms: float | None
-    p99_ms: float | None
+    requests_succeeded: float = 0.0
+    requests_failed: float = 0.0
+    inferences: float = 0.0
+    """Batch items executed (nv_inference_count)."""
+    executions: float = 0.0
+    """Batches executed (nv_inference_exec_count)."""
+    request_us: float = 0.0
+    queue_us: float = 0.0
+    compute_infer_us: float = 0.0
+    device_busy_seconds: float = 0.0
+    device_wait_seconds: float = 0.0
+    device_executions: float = 0.0
+    device_inferences: float = 0.0
 
     @property
-    def request_rate(self) -> float:
-        return self.requests / self.seconds
+    def requests(self) -> float:
+        return self.requests_succeeded + self.requests_failed
 
     @property
     def average_batch_size(self) -> float | None:
         return self.inferences / self.executions if self.executions else None
+
+    @property
+    def device_seconds_per_1000_inferences(self) -> float | None:
+        if not self.device_inferences:
+            return None
+        return 1000.0 * self.device_busy_seconds / self.device_inferences
 
     @property
     def queue_ms_per_request(self) -> float | None:
@@ -152,8 +89,92 @@ class ModelRates:
         return self.compute_infer_us / self.executions / 1000 if self.executions else None
 
 
-def _delta(before: float, after: float) -> float:
-    return after if after < before else after - before
+@dataclass(frozen=True)
+class Snapshot:
+    """A whole metrics page at one instant, series by series."""
+
+    taken_at: float
+    """Monotonic seconds."""
+    counters: Mapping[SeriesKey, float] = field(default_factory=dict)
+    gauges: Mapping[SeriesKey, float] = field(default_factory=dict)
+    request_quantiles_us: Mapping[str, Mapping[float, float]] = field(default_factory=dict)
+    """Per model: quantile -> microseconds, the worst version's."""
+    summaries_enabled: bool = False
+
+    def models(self) -> set[str]:
+        return {
+            dict(labels)["model"]
+            for _, labels in (*self.counters, *self.gauges)
+            if any(key == "model" for key, _ in labels)
+        }
+
+    def pending(self, model: str) -> float:
+        return sum(
+            value
+            for (family, labels), value in self.gauges.items()
+            if family == PENDING and ("model", model) in labels
+        )
+
+    def gpu_values(self, family: str) -> tuple[float, ...]:
+        return tuple(value for (name, _), value in self.gauges.items() if name == family)
+
+    def totals(self, model: str) -> ModelCounters:
+        """Everything counted since the series began."""
+        return _sum(model, self.counters)
+
+
+def parse(text: str, *, taken_at: float = 0.0) -> Snapshot:
+    counters: dict[SeriesKey, float] = {}
+    gauges: dict[SeriesKey, float] = {}
+    quantiles: dict[str, dict[float, float]] = {}
+    summaries_enabled = False
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = (family.name, frozenset(sample.labels.items()))
+            if family.name in COUNTER_FIELDS and not sample.name.endswith("_created"):
+                counters[key] = sample.value
+            elif family.name == PENDING or family.name in _GPU_GAUGES:
+                gauges[key] = sample.value
+            elif family.name == REQUEST_SUMMARY_US and "model" in sample.labels:
+                summaries_enabled = True
+                if "quantile" in sample.labels and sample.value == sample.value:  # not NaN
+                    per_model = quantiles.setdefault(sample.labels["model"], {})
+                    quantile = float(sample.labels["quantile"])
+                    per_model[quantile] = max(per_model.get(quantile, 0.0), sample.value)
+    return Snapshot(taken_at, counters, gauges, quantiles, summaries_enabled)
+
+
+def _sum(model: str, values: Mapping[SeriesKey, float]) -> ModelCounters:
+    totals = dict.fromkeys(COUNTER_FIELDS.values(), 0.0)
+    for (family, labels), value in values.items():
+        if ("model", model) in labels:
+            totals[COUNTER_FIELDS[family]] += value
+    return ModelCounters(**totals)
+
+
+def increase(before: Snapshot, after: Snapshot, model: str) -> ModelCounters:
+    """What was counted for `model` between two snapshots of the same server."""
+    increases = {}
+    for key, value in after.counters.items():
+        earlier = before.counters.get(key, 0.0)
+        increases[key] = value - earlier if value >= earlier else value
+    return _sum(model, increases)
+
+
+@dataclass(frozen=True)
+class ModelRates:
+    """What one model did between two snapshots."""
+
+    seconds: float
+    counted: ModelCounters
+    pending: float
+    p50_ms: float | None = None
+    p95_ms: float | None = None
+    p99_ms: float | None = None
+
+    @property
+    def request_rate(self) -> float:
+        return self.counted.requests / self.seconds
 
 
 def rates(before: Snapshot, after: Snapshot) -> dict[str, ModelRates]:
@@ -162,27 +183,17 @@ def rates(before: Snapshot, after: Snapshot) -> dict[str, ModelRates]:
     if seconds <= 0:
         return {}
     found = {}
-    for model, now in after.models.items():
-        then = before.models.get(model, ModelSample(counters={}, pending=0.0))
+    for model in after.models():
+        quantiles = after.request_quantiles_us.get(model, {})
 
-        def delta(name: str, now: ModelSample = now, then: ModelSample = then) -> float:
-            return _delta(then.counter(name), now.counter(name))
-
-        def quantile_ms(q: float, now: ModelSample = now) -> float | None:
-            value = now.request_quantiles_us.get(q)
+        def quantile_ms(q: float, quantiles: Mapping[float, float] = quantiles) -> float | None:
+            value = quantiles.get(q)
             return value / 1000 if value is not None else None
 
         found[model] = ModelRates(
             seconds=seconds,
-            requests=delta(SUCCESS) + delta(FAILURE),
-            failures=delta(FAILURE),
-            inferences=delta(INFERENCES),
-            executions=delta(EXECUTIONS),
-            request_us=delta(REQUEST_US),
-            queue_us=delta(QUEUE_US),
-            compute_infer_us=delta(COMPUTE_INFER_US),
-            device_busy_seconds=delta(EMULATED_DEVICE_BUSY),
-            pending=now.pending,
+            counted=increase(before, after, model),
+            pending=after.pending(model),
             p50_ms=quantile_ms(0.5),
             p95_ms=quantile_ms(0.95),
             p99_ms=quantile_ms(0.99),

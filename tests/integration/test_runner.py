@@ -1,0 +1,167 @@
+"""The standalone runner against real tritonservers: ticks, drift repair, backoff, the CLI."""
+
+from __future__ import annotations
+
+import datetime
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from batchpilot import demo_models, local_triton, running, telemetry
+from batchpilot.signals import sources
+from batchpilot.triton import modelconfigs, servers
+from builders import make_spec, utc
+from triton_fixtures import TritonFactory
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def policy(**fields: object) -> object:
+    return make_spec(target={"selector": {}, "models": [demo_models.GPU_SIM]}, **fields)
+
+
+TUESDAY_AFTERNOON = utc(2026, 11, 24, 15)
+
+
+def runner_for(
+    *urls: str, spec: object, clock: datetime.datetime = TUESDAY_AFTERNOON
+) -> running.Runner:
+    triton_servers = [servers.TritonServer(url, request_timeout=2) for url in urls]
+    return running.Runner(
+        name="test",
+        spec=spec,  # type: ignore[arg-type]
+        triton_servers=triton_servers,
+        source=sources.TritonMetricsSource(triton_servers, models=[demo_models.GPU_SIM]),
+        metrics=telemetry.controller_metrics(),
+        clock=lambda: clock,
+    )
+
+
+async def served_profile(url: str) -> str | None:
+    async with servers.TritonServer(url) as triton:
+        return modelconfigs.applied_profile(await triton.model_config(demo_models.GPU_SIM))
+
+
+@pytest.mark.timeout(120)
+async def test_restarted_triton_is_brought_back_within_one_tick(tmp_path: Path) -> None:
+    def start() -> local_triton.LocalTriton:
+        return local_triton.LocalTriton(
+            model_repository=demo_models.MODEL_REPOSITORY,
+            models=[demo_models.GPU_SIM],
+            http_port=ports[0],
+            grpc_port=ports[1],
+            metrics_port=ports[2],
+            exit_timeout_seconds=1,
+            run_directory=tmp_path / f"run-{len(started)}",
+        )
+
+    ports = local_triton.free_ports("127.0.0.1", 3)
+    started: list[local_triton.LocalTriton] = []
+    first = start()
+    started.append(first)
+    with first:
+        runner = runner_for(first.http_url, spec=policy(defaultProfile="interactive"))
+        report = await runner.tick()
+        assert [o.state for o in report.outcomes] == ["updated"]
+        assert report.outcomes[0].reloads == 1
+        assert await served_profile(first.http_url) == "interactive"
+    second = start()
+    started.append(second)
+    with second:
+        assert await served_profile(second.http_url) is None, "a restart forgets the profile"
+        report = await runner.tick()
+        assert report.outcomes[0].reloads == 1
+        assert await served_profile(second.http_url) == "interactive"
+        assert (await runner.tick()).outcomes[0].reloads == 0
+        for server in runner.servers:
+            await server.close()
+
+
+@pytest.mark.timeout(60)
+async def test_one_unreachable_server_backs_off_and_does_not_hold_up_the_others(
+    triton_server: TritonFactory,
+) -> None:
+    live = triton_server(demo_models.GPU_SIM)
+    (dead_port,) = local_triton.free_ports("127.0.0.1", 1)
+    dead = f"http://127.0.0.1:{dead_port}"
+    runner = runner_for(dead, live.http_url, spec=policy(defaultProfile="bulk"))
+    first = await runner.tick()
+    assert [o.state for o in first.outcomes] == ["unreachable", "updated"]
+    assert "retrying" not in first.outcomes[0].message
+    second = await runner.tick()
+    # Within the backoff the dead server is not asked again.
+    assert [o.state for o in second.outcomes] == ["unreachable", "updated"]
+    assert await served_profile(live.http_url) == "bulk"
+    errors = runner.metrics.registry.get_sample_value(
+        "batchpilot_apply_errors_total", {"policy": "test", "reason": "unreachable"}
+    )
+    assert errors == 1
+    for server in runner.servers:
+        await server.close()
+
+
+@pytest.mark.timeout(60)
+async def test_dry_run_decides_but_changes_nothing(triton_server: TritonFactory) -> None:
+    server = triton_server(demo_models.GPU_SIM)
+    runner = runner_for(server.http_url, spec=policy(defaultProfile="interactive", dryRun=True))
+    report = await runner.tick()
+    assert report.decision.profile == "interactive"
+    assert report.outcomes == ()
+    assert await served_profile(server.http_url) is None
+    for triton in runner.servers:
+        await triton.close()
+
+
+@pytest.mark.timeout(60)
+def test_run_command_applies_serves_metrics_and_stops_on_sigterm(
+    triton_server: TritonFactory, tmp_path: Path
+) -> None:
+    server = triton_server(demo_models.GPU_SIM)
+    (listen_port,) = local_triton.free_ports("127.0.0.1", 1)
+    policy_file = tmp_path / "policy.yaml"
+    policy_file.write_text(
+        "apiVersion: batchpilot.dev/v1alpha1\nkind: BatchPolicy\nmetadata: {name: cli}\n"
+        "spec:\n  target: {selector: {}, models: [gpu_sim]}\n"
+        "  profiles: {bulk: {maxQueueDelayMicroseconds: 20000, preferredBatchSizes: [32]}}\n"
+        "  defaultProfile: bulk\n",
+        encoding="utf-8",
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "batchpilot",
+        "run",
+        "--policy",
+        str(policy_file),
+        "--triton",
+        server.http_url,
+        "--triton-metrics",
+        server.metrics_url,
+        "--interval",
+        "0.5",
+        "--listen",
+        f"127.0.0.1:{listen_port}",
+    ]
+    with subprocess.Popen(command, stderr=subprocess.PIPE, text=True) as process:
+        assert process.stderr is not None
+        log: list[str] = []
+        for line in process.stderr:
+            log.append(line)
+            if "applied bulk to gpu_sim" in line:
+                break
+        assert log, "the runner exited without a word"
+        with urllib.request.urlopen(f"http://127.0.0.1:{listen_port}/metrics", timeout=5) as page:
+            metrics = page.read().decode()
+        process.terminate()
+        _, rest = process.communicate(timeout=20)
+        log.append(rest)
+    output = "".join(log)
+    assert process.returncode == 0, output
+    assert 'batchpilot_active_profile{policy="cli",profile="bulk"} 1.0' in metrics
+    assert "switch to bulk: defaultProfile (no schedule windows)" in output
+    assert output.rstrip().endswith("stopped")
