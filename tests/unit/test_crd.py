@@ -12,11 +12,11 @@ from typing import Any
 import celpy
 import pytest
 import yaml
-from builders import BASE_SPEC, market_hours
 from crd_checks import admission_errors, cel_errors, spec_schema
 
 from batchpilot import crds
 from batchpilot.policy import documents
+from builders import BASE_SPEC, market_hours
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -6,9 +6,9 @@ import datetime
 from collections.abc import Iterable
 
 import pytest
-from builders import make_spec, market_hours, ny, utc
 
 from batchpilot.policy import decisions, specs
+from builders import make_spec, market_hours, ny, utc
 
 QUIET = decisions.Signals(metrics={"queueDepth": 0})
 SECOND = datetime.timedelta(seconds=1)

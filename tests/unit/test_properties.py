@@ -5,11 +5,11 @@ from __future__ import annotations
 import datetime
 import itertools
 
-from builders import make_spec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchpilot.policy import decisions, schedules
+from builders import make_spec
 
 ZONES = ["UTC", "America/New_York", "Europe/London", "Asia/Tokyo", "Australia/Sydney"]
 PROFILES = ["interactive", "bulk"]

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import datetime
 
-from builders import NEW_YORK, make_spec, market_hours, ny, utc, window
-
 from batchpilot.policy import schedules, specs
+from builders import NEW_YORK, make_spec, market_hours, ny, utc, window
 
 
 def schedule_of(**fields: object) -> specs.Schedule:
