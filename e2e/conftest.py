@@ -7,20 +7,35 @@ session. That happens after collection and outside every test, so the per-test t
 the tests, not the start of the cluster.
 """
 
+import asyncio
 import contextlib
 import os
 import re
 import uuid
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
+from typing import Any
 
 import kubernetes.client
 import pytest
 
-from e2e import kubes, waiting
-from e2e.cluster import building, controlplane, locations
+from e2e import kubes, operators, waiting
+from e2e.cluster import building, controlplane, locations, podnetwork
 
 ALLOWED_CONTEXTS = ("batchpilot-e2e", "kind-batchpilot")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _current_event_loop() -> Iterator[None]:
+    """A current event loop that is closed at the end (see tests/conftest.py: pytest-asyncio
+    otherwise creates one after a test's asyncio.run() and never closes it)."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    yield
+    asyncio.set_event_loop(None)
+    loop.close()
+
+
 DUMP_LOG_LINES = 20
 
 
@@ -144,8 +159,23 @@ def namespace(kube: kubes.Kube, request: pytest.FixtureRequest) -> Iterator[str]
     # Pods are refused until the controller manager has made the default service account.
     waiting.wait_for(f"service account default in {name}", service_account_exists)
     yield name
+    pod_ips = {
+        pod.status.pod_ip
+        for pod in kube.core.list_namespaced_pod(name).items
+        if pod.status and pod.status.pod_ip
+    }
     with contextlib.suppress(kubernetes.client.ApiException):
         kube.core.delete_namespace(name)
+    if kube.local is not None and pod_ips:
+        # kwok hands a freed pod IP to the next pod at once; wait until the pod runner has
+        # stopped this test's processes and released their addresses, or the next test could
+        # reach a server that is still shutting down on the same IP.
+        cidrs = kube.local.pod_cidrs
+        waiting.wait_for(
+            f"the pod IPs of {name} released",
+            lambda: not pod_ips & set(podnetwork.addresses_in(cidrs)),
+            timeout=60,
+        )
 
 
 @pytest.hookimpl(wrapper=True)
@@ -183,8 +213,45 @@ def _add_diagnostics(item: pytest.Item, report: pytest.TestReport) -> None:
                 ),
             )
         )
+    for log_path in getattr(item, "operator_logs", []):
+        lines = log_path.read_text(errors="replace").splitlines()[-60:]
+        report.sections.append((f"operator log {log_path.name}", "\n".join(lines)))
     if isinstance(kube, kubes.Kube) and kube.local is not None:
         for log in sorted(kube.local.logs_dir.rglob("*.log")):
             lines = log.read_text(errors="replace").splitlines()[-DUMP_LOG_LINES:]
             name = log.relative_to(kube.local.logs_dir)
             report.sections.append((f"log tail {name}", "\n".join(lines)))
+
+
+@pytest.fixture(scope="session")
+def operator_kubeconfig(kube: kubes.Kube, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The CRDs and the operator's RBAC installed; a kubeconfig that is its ServiceAccount."""
+    operators.install_api(kube)
+    return operators.service_account_kubeconfig(
+        kube, tmp_path_factory.mktemp("operator") / "kubeconfig"
+    )
+
+
+@pytest.fixture
+def start_operator(
+    operator_kubeconfig: Path, namespace: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., operators.OperatorProcess]]:
+    """Start `batchpilot operator` for the test's namespace; stopped (log kept) at teardown."""
+    started: list[operators.OperatorProcess] = []
+    request.node.operator_logs = []  # read by the report hook when a test fails
+
+    def start(**options: Any) -> operators.OperatorProcess:
+        process = operators.OperatorProcess(
+            kubeconfig=operator_kubeconfig,
+            log_path=tmp_path / f"operator-{len(started)}.log",
+            namespaces=[namespace],
+            **options,
+        )
+        started.append(process)
+        request.node.operator_logs.append(process.log_path)
+        waiting.wait_for("the operator's liveness endpoint", process.healthy, timeout=30)
+        return process
+
+    yield start
+    for process in started:
+        process.stop()

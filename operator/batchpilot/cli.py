@@ -66,6 +66,30 @@ def _run(arguments: argparse.Namespace) -> int:
     )
 
 
+def _operator(arguments: argparse.Namespace) -> int:
+    import kopf  # the operator's stack is loaded only for this command
+
+    from batchpilot import handlers, operating, running
+
+    kopf.configure(verbose=arguments.verbose)
+    listen = running.parse_listen(arguments.metrics_listen)
+    options = operating.Options(
+        interval=arguments.interval,
+        settle_seconds=arguments.settle_seconds,
+        metrics_host=listen[0] if listen else "",
+        metrics_port=listen[1] if listen else None,
+        verbose=arguments.verbose,
+    )
+    return handlers.run(
+        options=options,
+        namespaces=arguments.namespace,
+        standalone=arguments.standalone,
+        peering=arguments.peering,
+        priority=arguments.priority,
+        liveness=None if arguments.liveness == "none" else arguments.liveness,
+    )
+
+
 def _demo(arguments: argparse.Namespace) -> int:
     from batchpilot import demo  # the demo needs the [triton] extra; load it only here
 
@@ -137,6 +161,48 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--ticks", type=int, help=argparse.SUPPRESS)
     run.set_defaults(handler=_run)
+
+    operator = commands.add_parser(
+        "operator",
+        help="run the Kubernetes operator (kopf) that makes Triton Pods follow BatchPolicies",
+        description="Reconcile every BatchPolicy: on changes, when target Pods change, at each "
+        "scheduled transition and every --interval seconds. Runs until SIGTERM.",
+    )
+    operator.add_argument(
+        "--namespace",
+        action="append",
+        default=[],
+        help="serve only this namespace (repeatable); default: all namespaces",
+    )
+    operator.add_argument("--interval", type=float, default=5.0, help="seconds between ticks")
+    operator.add_argument(
+        "--settle-seconds",
+        type=float,
+        default=1.5,
+        help="after taking a gated Pod out of its Services, wait this long before watching its "
+        "queue drain (endpoint changes take a moment to reach every proxy)",
+    )
+    operator.add_argument(
+        "--metrics-listen", default="0.0.0.0:9402", help="HOST:PORT for /metrics, or none"
+    )
+    operator.add_argument(
+        "--liveness",
+        default="http://0.0.0.0:8080/healthz",
+        help="kopf's liveness endpoint URL, or none",
+    )
+    operator.add_argument(
+        "--standalone", action="store_true", help="no peering: run even if other replicas run"
+    )
+    operator.add_argument(
+        "--peering",
+        default="batchpilot",
+        help="the (Cluster)KopfPeering object replicas use to elect the active one",
+    )
+    operator.add_argument(
+        "--priority", type=int, help="peering priority (default: random, so one replica leads)"
+    )
+    operator.add_argument("--verbose", action="store_true", help="kopf's verbose logging")
+    operator.set_defaults(handler=_operator)
 
     demo = commands.add_parser(
         "demo",

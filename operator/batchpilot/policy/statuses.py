@@ -4,9 +4,16 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AwareDatetime, Field
+from pydantic import AwareDatetime, ConfigDict, Field
 
-from batchpilot.policy.specs import Model
+from batchpilot.policy import specs
+
+
+class Model(specs.Model):
+    """Status objects are written by the operator, in Python names; users never write them."""
+
+    model_config = ConfigDict(validate_by_name=True, validate_by_alias=True)
+
 
 ConditionType = Literal["Ready", "Progressing", "Degraded", "InvalidSpec", "SignalsUnavailable"]
 TargetState = Literal["Updated", "Pending", "Draining", "Applying", "Failed", "Unreachable"]

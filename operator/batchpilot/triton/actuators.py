@@ -13,7 +13,6 @@ The sequence is level-based and idempotent, so callers can run it every tick:
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass
 
 from batchpilot.policy import rendering
@@ -53,12 +52,13 @@ async def apply_profile(
     verify_timeout: float = 120.0,
 ) -> Applied:
     """Make `model` on `server` run `profile`; raises ProfileRefused, ApplyFailed or TritonError."""
-    started = time.monotonic()
+    clock = asyncio.get_running_loop().time
+    started = clock()
     served = await server.model_config(model)
     wanted = modelconfigs.target(served, settings, profile=profile, model=model)
     previous_profile = modelconfigs.applied_profile(served)
     if modelconfigs.matches(served, wanted):
-        return Applied(model, profile, previous_profile, False, time.monotonic() - started)
+        return Applied(model, profile, previous_profile, False, clock() - started)
 
     try:
         if unload_first:
@@ -70,7 +70,7 @@ async def apply_profile(
         raise ApplyFailed(
             server.url, f"applying {profile} to {model} failed: {error}", rolled_back=rolled_back
         ) from None
-    return Applied(model, profile, previous_profile, True, time.monotonic() - started)
+    return Applied(model, profile, previous_profile, True, clock() - started)
 
 
 class _NotVerified(Exception):
@@ -80,7 +80,7 @@ class _NotVerified(Exception):
 async def _verify(
     server: servers.TritonServer, model: str, wanted: modelconfigs.Target, *, within: float
 ) -> None:
-    deadline = time.monotonic() + within
+    deadline = asyncio.get_running_loop().time() + within
     while True:
         try:
             if await server.model_ready(model) and modelconfigs.matches(
@@ -89,7 +89,7 @@ async def _verify(
                 return
         except servers.ModelUnavailable:
             pass  # still loading
-        if time.monotonic() >= deadline:
+        if asyncio.get_running_loop().time() >= deadline:
             raise _NotVerified(f"the server did not report the new configuration in {within:g}s")
         await asyncio.sleep(_VERIFY_POLL_SECONDS)
 

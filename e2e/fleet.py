@@ -1,0 +1,116 @@
+"""Real Triton servers behind real Pods (run by the local cluster's pod runner), for e2e tests."""
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from typing import Any
+
+from kubernetes import client
+
+from e2e import waiting
+from e2e.cluster import podrunner
+from e2e.kubes import Kube
+
+GATE = "batchpilot.dev/config-applied"
+MODEL = "gpu_sim"
+PROFILE_PARAMETER = "batchpilot.dev/profile"
+
+
+def triton_pod(
+    name: str, *, labels: dict[str, str], gated: bool, models: Sequence[str] = (MODEL,)
+) -> client.V1Pod:
+    return client.V1Pod(
+        metadata=client.V1ObjectMeta(
+            name=name,
+            labels=labels,
+            annotations={
+                podrunner.RUNTIME_ANNOTATION: "triton",
+                podrunner.MODELS_ANNOTATION: ",".join(models),
+            },
+        ),
+        spec=client.V1PodSpec(
+            containers=[
+                client.V1Container(
+                    name="triton",
+                    # kwok never pulls it; the pod runner runs the real tritonserver instead.
+                    image="registry.invalid/batchpilot/tritonserver:0",
+                    ports=[
+                        client.V1ContainerPort(name="http", container_port=8000),
+                        client.V1ContainerPort(name="metrics", container_port=8002),
+                    ],
+                )
+            ],
+            readiness_gates=[client.V1PodReadinessGate(condition_type=GATE)] if gated else None,
+            termination_grace_period_seconds=5,
+        ),
+    )
+
+
+def http_json(url: str, *, timeout: float = 2.0) -> Any:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return json.loads(response.read().decode())
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+def triton_ready(ip: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{ip}:8000/v2/health/ready", timeout=2) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def start_tritons(
+    kube: Kube,
+    namespace: str,
+    count: int,
+    *,
+    gated: bool = False,
+    labels: dict[str, str] | None = None,
+    prefix: str = "triton",
+) -> dict[str, str]:
+    """Create `count` Triton Pods and wait until each serves; their IPs by name."""
+    labels = labels or {"app": "triton"}
+    names = [f"{prefix}-{index}" for index in range(count)]
+    for name in names:
+        kube.core.create_namespaced_pod(namespace, triton_pod(name, labels=labels, gated=gated))
+
+    def all_serving() -> dict[str, str] | None:
+        ips: dict[str, str] = {}
+        for name in names:
+            status = kube.core.read_namespaced_pod(name, namespace).status
+            ip = status.pod_ip if status else None
+            if not status or not ip or status.phase != "Running" or not triton_ready(ip):
+                return None
+            ips[name] = ip
+        return ips
+
+    return waiting.wait_for(f"{count} Triton pods serving", all_serving, timeout=90)
+
+
+def served_config(ip: str, model: str = MODEL) -> dict[str, Any] | None:
+    config = http_json(f"http://{ip}:8000/v2/models/{model}/config")
+    return config if isinstance(config, dict) else None
+
+
+def served_profile(ip: str, model: str = MODEL) -> str | None:
+    config = served_config(ip, model) or {}
+    value = (config.get("parameters") or {}).get(PROFILE_PARAMETER) or {}
+    return value.get("string_value") if isinstance(value, dict) else None
+
+
+def queue_delay(ip: str, model: str = MODEL) -> int | None:
+    config = served_config(ip, model) or {}
+    delay = (config.get("dynamic_batching") or {}).get("max_queue_delay_microseconds")
+    return int(delay) if delay is not None else None
+
+
+def pod_condition(kube: Kube, namespace: str, pod: str, kind: str) -> str | None:
+    status = kube.core.read_namespaced_pod(pod, namespace).status
+    for condition in (status.conditions if status else None) or []:
+        if condition.type == kind:
+            return str(condition.status)
+    return None

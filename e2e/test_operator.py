@@ -1,0 +1,508 @@
+"""The operator on a real API server, with real Triton servers behind real Pods.
+
+The operator runs as its own process, authenticated as its ServiceAccount with the RBAC from
+manifests/rbac.yaml (see the `operator_kubeconfig` fixture), never as cluster admin.
+"""
+
+import asyncio
+import contextlib
+import copy
+import datetime
+import random
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from batchpilot import loadgen
+from e2e import fleet, operators, waiting
+from e2e.kubes import Kube
+from e2e.operators import OperatorProcess
+
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("local_cluster")]
+
+StartOperator = Callable[..., OperatorProcess]
+
+BASE_SPEC: dict[str, Any] = {
+    "target": {
+        "selector": {"matchLabels": {"app": "triton"}},
+        "port": "http",
+        "models": ["gpu_sim"],
+    },
+    "profiles": {
+        "interactive": {"maxQueueDelayMicroseconds": 2000, "preferredBatchSizes": [4, 8]},
+        "bulk": {"maxQueueDelayMicroseconds": 20000, "preferredBatchSizes": [32, 64]},
+    },
+    "defaultProfile": "bulk",
+    "minDwellSeconds": 0,
+    "rollout": {"maxUnavailable": 2},
+}
+DELAY = {"interactive": 2000, "bulk": 20000}
+
+
+def policy(name: str = "fleet", **spec: Any) -> dict[str, Any]:
+    body = copy.deepcopy(BASE_SPEC)
+    body.update(spec)
+    return {
+        "apiVersion": "batchpilot.dev/v1alpha1",
+        "kind": "BatchPolicy",
+        "metadata": {"name": name},
+        "spec": body,
+    }
+
+
+def everyone_serves(ips: dict[str, str], profile: str) -> Callable[[], bool]:
+    def check() -> bool:
+        return all(
+            fleet.served_profile(ip) == profile and fleet.queue_delay(ip) == DELAY[profile]
+            for ip in ips.values()
+        )
+
+    return check
+
+
+def status_of(kube: Kube, namespace: str, name: str = "fleet") -> dict[str, Any]:
+    return operators.policy_status(kube, namespace, name)
+
+
+@contextlib.contextmanager
+def timeline(kube: Kube, namespace: str, name: str = "fleet") -> Iterator[list[tuple[float, str]]]:
+    """(time, activeProfile) each time the status's profile changes, polled in the background."""
+    seen: list[tuple[float, str]] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(Exception):
+                profile = status_of(kube, namespace, name).get("activeProfile")
+                if profile and (not seen or seen[-1][1] != profile):
+                    seen.append((time.monotonic(), profile))
+            stop.wait(0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        watcher.join(timeout=5)
+
+
+@pytest.mark.timeout(180)
+def test_schedule_window_switches_every_target_within_one_interval(
+    kube: Kube, namespace: str, start_operator: StartOperator
+) -> None:
+    interval = 3.0
+    ips = fleet.start_tritons(kube, namespace, 2)
+    now = datetime.datetime.now(datetime.UTC)
+    opens = (now + datetime.timedelta(seconds=30)).replace(second=0, microsecond=0)
+    opens += datetime.timedelta(minutes=1)
+    window = {
+        "profile": "interactive",
+        "start": opens.strftime("%H:%M"),
+        "end": (opens + datetime.timedelta(minutes=10)).strftime("%H:%M"),
+    }
+    start_operator(interval=interval)
+    operators.apply_policy(
+        kube, namespace, policy(schedule={"timezone": "UTC", "windows": [window]})
+    )
+    waiting.wait_for("bulk on every target", everyone_serves(ips, "bulk"), timeout=30)
+    assert status_of(kube, namespace)["nextTransitionTime"] == opens.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    time.sleep(max((opens - datetime.datetime.now(datetime.UTC)).total_seconds() - 1, 0))
+    waiting.wait_for(
+        "interactive on every target",
+        everyone_serves(ips, "interactive"),
+        timeout=30,
+        interval=0.05,
+    )
+    switched_after = (datetime.datetime.now(datetime.UTC) - opens).total_seconds()
+    print(f"\nevery target served interactive {switched_after:.2f}s after the window opened")
+    assert switched_after <= interval
+
+    status = status_of(kube, namespace)
+    assert status["activeProfile"] == "interactive"
+    assert status["reason"].startswith("schedule window #1")
+    assert status["targets"]["summary"] == "2/2 updated"
+    assert operators.condition(status, "Ready")["status"] == "True"
+    switches = operators.events(kube, namespace, "ProfileSwitched")
+    assert any(
+        message.startswith("bulk -> interactive: schedule window #1") for message in switches
+    )
+    listed = kube.kubectl_run("get", "bp", "-n", namespace).stdout
+    assert "interactive" in listed.splitlines()[1]
+    assert "2/2 updated" in listed
+
+
+async def _burst(
+    ips: dict[str, str], rate_per_pod: float, seconds: float
+) -> list[loadgen.LoadSummary]:
+    payload = loadgen.InferencePayload.for_input(
+        model=fleet.MODEL, input_name="INPUT", datatype="FP32", shape=[1, 16]
+    )
+    results = await asyncio.gather(
+        *(
+            loadgen.run_load(
+                base_url=f"http://{ip}:8000",
+                payload=payload,
+                phases=[loadgen.Phase(rate=rate_per_pod, seconds=seconds)],
+                seed=index,
+            )
+            for index, ip in enumerate(ips.values())
+        )
+    )
+    return [result.summary() for result in results]
+
+
+@pytest.mark.timeout(180)
+def test_load_rule_switches_under_a_burst_and_back_after_it(
+    kube: Kube, namespace: str, start_operator: StartOperator
+) -> None:
+    hold, dwell = 4, 12
+    ips = fleet.start_tritons(kube, namespace, 2)
+    start_operator(interval=1.0)
+    rule = {
+        "profile": "bulk",
+        "metric": "requestRate",
+        "above": 150,
+        "below": 60,
+        "for": f"{hold}s",
+    }
+    operators.apply_policy(
+        kube,
+        namespace,
+        policy(defaultProfile="interactive", minDwellSeconds=dwell, load={"rules": [rule]}),
+    )
+    waiting.wait_for("interactive everywhere", everyone_serves(ips, "interactive"), timeout=30)
+    # Let the dwell of the first switch to interactive pass before the burst.
+    time.sleep(dwell)
+    with timeline(kube, namespace) as seen:
+        burst_started = time.monotonic()
+        summaries = asyncio.run(_burst(ips, rate_per_pod=150, seconds=12))
+        burst_ended = time.monotonic()
+        waiting.wait_for(
+            "back to interactive",
+            lambda: seen and seen[-1][1] == "interactive" and len(seen) >= 2,
+            timeout=60,
+        )
+    to_bulk = next(at for at, profile in seen if profile == "bulk")
+    back = next(at for at, profile in seen if profile == "interactive" and at > to_bulk)
+    print(
+        f"\nbulk {to_bulk - burst_started:.1f}s into the burst, interactive again "
+        f"{back - burst_ended:.1f}s after it ({back - to_bulk:.1f}s in bulk); "
+        + "; ".join(summary.describe() for summary in summaries)
+    )
+    assert to_bulk - burst_started >= hold, "the rule held before `for` had passed"
+    assert to_bulk < burst_ended
+    assert back - burst_ended >= hold - 1, "let go before the rate stayed low for `for`"
+    assert back - to_bulk >= dwell, "switched back inside minDwellSeconds"
+    assert sum(summary.failed for summary in summaries) == 0
+
+
+@pytest.mark.timeout(120)
+def test_override_switches_at_once_and_expires_on_time(
+    kube: Kube, namespace: str, start_operator: StartOperator
+) -> None:
+    interval = 3.0
+    ips = fleet.start_tritons(kube, namespace, 2)
+    start_operator(interval=interval)
+    operators.apply_policy(kube, namespace, policy(minDwellSeconds=600))
+    waiting.wait_for("bulk everywhere", everyone_serves(ips, "bulk"), timeout=30)
+
+    until = datetime.datetime.now(datetime.UTC).replace(microsecond=0) + datetime.timedelta(
+        seconds=20
+    )
+    override = {
+        "profile": "interactive",
+        "until": until.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "reason": "desk opens early",
+    }
+    applied_at = time.monotonic()
+    operators.apply_policy(kube, namespace, policy(minDwellSeconds=0, override=override))
+    waiting.wait_for(
+        "interactive at once", everyone_serves(ips, "interactive"), timeout=20, interval=0.05
+    )
+    assert time.monotonic() - applied_at <= interval, "an override does not wait for a tick"
+    assert status_of(kube, namespace)["reason"].endswith("desk opens early")
+
+    time.sleep(max((until - datetime.datetime.now(datetime.UTC)).total_seconds() - 1, 0))
+    waiting.wait_for(
+        "bulk after the override", everyone_serves(ips, "bulk"), timeout=20, interval=0.05
+    )
+    expired_after = (datetime.datetime.now(datetime.UTC) - until).total_seconds()
+    print(f"\nback to bulk {expired_after:.2f}s after the override expired")
+    assert expired_after <= interval
+
+
+@pytest.mark.timeout(120)
+def test_dry_run_decides_and_reports_but_changes_no_server(
+    kube: Kube, namespace: str, start_operator: StartOperator
+) -> None:
+    ips = fleet.start_tritons(kube, namespace, 1, gated=True)
+    before = {ip: fleet.served_config(ip) for ip in ips.values()}
+    start_operator()
+    operators.apply_policy(kube, namespace, policy(defaultProfile="interactive", dryRun=True))
+
+    def decided() -> dict[str, Any] | None:
+        status = status_of(kube, namespace)
+        return status if status.get("activeProfile") == "interactive" else None
+
+    status = waiting.wait_for("a dry-run decision in the status", decided, timeout=30)
+    assert status["targets"]["summary"] == "dry run, 1 targets"
+    assert operators.condition(status, "Ready")["reason"] == "DryRun"
+    assert any(
+        "(none) -> interactive" in m for m in operators.events(kube, namespace, "DryRunDecision")
+    )
+    (pod,) = ips
+    waiting.wait_for(
+        "the gated pod Ready",
+        lambda: fleet.pod_condition(kube, namespace, pod, "Ready") == "True",
+        timeout=15,
+    )
+    time.sleep(4)  # a couple more ticks
+    assert {ip: fleet.served_config(ip) for ip in ips.values()} == before
+
+
+@pytest.mark.timeout(150)
+def test_restarted_triton_behind_a_pod_is_reapplied(
+    kube: Kube, namespace: str, start_operator: StartOperator
+) -> None:
+    ips = fleet.start_tritons(kube, namespace, 2)
+    start_operator(interval=2.0)
+    operators.apply_policy(kube, namespace, policy())
+    waiting.wait_for("bulk everywhere", everyone_serves(ips, "bulk"), timeout=30)
+
+    victim = ips["triton-0"]
+    # The tritonserver itself dies, as a crash would; the pod runner starts it again.
+    killed = subprocess.run(
+        ["pkill", "-KILL", "-f", "--", f"tritonserver .*--http-address={victim} "], check=False
+    )
+    assert killed.returncode == 0, "no tritonserver process found for the pod"
+    waiting.wait_for("the server gone", lambda: not fleet.triton_ready(victim), timeout=15)
+    # The pod runner starts Triton again with its repository configuration; the operator
+    # must notice and bring it back to bulk.
+    waiting.wait_for("Triton back", lambda: fleet.triton_ready(victim), timeout=60)
+    waiting.wait_for("bulk re-applied", everyone_serves(ips, "bulk"), timeout=30)
+
+
+@pytest.mark.timeout(200)
+def test_operator_killed_mid_rollout_converges_after_restart(
+    kube: Kube, namespace: str, start_operator: StartOperator
+) -> None:
+    ips = fleet.start_tritons(kube, namespace, 3, gated=True)
+    slow = ["--settle-seconds", "3"]
+    first = start_operator(interval=2.0, extra=slow)
+    operators.apply_policy(
+        kube, namespace, policy(rollout={"maxUnavailable": 1, "drainTimeoutSeconds": 10})
+    )
+    waiting.wait_for("bulk everywhere", everyone_serves(ips, "bulk"), timeout=60)
+
+    operators.apply_policy(
+        kube,
+        namespace,
+        policy(
+            rollout={"maxUnavailable": 1, "drainTimeoutSeconds": 10},
+            override={"profile": "interactive"},
+        ),
+    )
+
+    def some_switched() -> bool:
+        return 1 <= sum(fleet.served_profile(ip) == "interactive" for ip in ips.values()) < len(ips)
+
+    waiting.wait_for("the rollout half way", some_switched, timeout=40, interval=0.05)
+    first.kill()
+    assert not everyone_serves(ips, "interactive")(), "the rollout finished before the kill"
+
+    start_operator(interval=2.0, extra=slow)
+    waiting.wait_for(
+        "interactive everywhere after the restart", everyone_serves(ips, "interactive"), timeout=90
+    )
+
+    def all_gates_open() -> bool:
+        return all(fleet.pod_condition(kube, namespace, pod, fleet.GATE) == "True" for pod in ips)
+
+    waiting.wait_for("every gate True again", all_gates_open, timeout=30)
+    waiting.wait_for(
+        "status Ready",
+        lambda: operators.condition(status_of(kube, namespace), "Ready").get("status") == "True",
+        timeout=30,
+    )
+
+
+class _ReadyBalancer:
+    """Sends each request to a random Ready pod, as a Service would: it follows readiness."""
+
+    def __init__(self, kube: Kube, namespace: str, ips: dict[str, str]) -> None:
+        self.kube, self.namespace, self.ips = kube, namespace, ips
+        self.ready: list[str] = list(ips.values())
+        self.gate_history: dict[str, list[str]] = {pod: [] for pod in ips}
+        self.stop = threading.Event()
+
+    def watch(self) -> None:
+        while not self.stop.is_set():
+            ready = []
+            for pod, ip in self.ips.items():
+                with contextlib.suppress(Exception):
+                    if fleet.pod_condition(self.kube, self.namespace, pod, "Ready") == "True":
+                        ready.append(ip)
+                    gate = (
+                        fleet.pod_condition(self.kube, self.namespace, pod, fleet.GATE) or "unset"
+                    )
+                    history = self.gate_history[pod]
+                    if not history or history[-1] != gate:
+                        history.append(gate)
+            self.ready = ready
+            self.stop.wait(0.05)
+
+    async def drive(self, *, rate: float, seconds: float) -> tuple[int, int, list[str]]:
+        payload = loadgen.InferencePayload.for_input(
+            model=fleet.MODEL, input_name="INPUT", datatype="FP32", shape=[1, 16]
+        )
+        failures: list[str] = []
+        sent = 0
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        tasks: set[asyncio.Task[None]] = set()
+        async with aiohttp.ClientSession() as session:
+
+            async def one(ip: str) -> None:
+                try:
+                    async with session.post(
+                        f"http://{ip}:8000/v2/models/{fleet.MODEL}/infer",
+                        data=payload.body,
+                        timeout=aiohttp.ClientTimeout(total=10),
+                    ) as response:
+                        await response.read()
+                        if response.status != 200:
+                            failures.append(f"{ip}: HTTP {response.status}")
+                except (aiohttp.ClientError, TimeoutError) as error:
+                    failures.append(f"{ip}: {error!r}")
+
+            while loop.time() < deadline:
+                targets = self.ready
+                if targets:
+                    task = asyncio.create_task(one(random.choice(targets)))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                    sent += 1
+                await asyncio.sleep(random.expovariate(rate))
+            await asyncio.gather(*tasks)
+        return sent, len(failures), failures[:5]
+
+
+@pytest.mark.timeout(150)
+def test_readiness_gate_switch_under_load_fails_no_request(
+    kube: Kube, namespace: str, start_operator: StartOperator
+) -> None:
+    ips = fleet.start_tritons(kube, namespace, 2, gated=True)
+    start_operator(interval=2.0)
+    spec: dict[str, Any] = {"rollout": {"maxUnavailable": 1, "drainTimeoutSeconds": 10}}
+    operators.apply_policy(kube, namespace, policy(**spec))
+    waiting.wait_for("bulk everywhere", everyone_serves(ips, "bulk"), timeout=60)
+    waiting.wait_for(
+        "both pods Ready",
+        lambda: all(fleet.pod_condition(kube, namespace, p, "Ready") == "True" for p in ips),
+        timeout=20,
+    )
+    balancer = _ReadyBalancer(kube, namespace, ips)
+    watcher = threading.Thread(target=balancer.watch, daemon=True)
+    watcher.start()
+    try:
+
+        async def load_and_switch() -> tuple[int, int, list[str]]:
+            driving = asyncio.create_task(balancer.drive(rate=150, seconds=25))
+            await asyncio.sleep(4)
+            operators.apply_policy(
+                kube, namespace, policy(**spec, override={"profile": "interactive"})
+            )
+            return await driving
+
+        sent, failed, examples = asyncio.run(load_and_switch())
+        waiting.wait_for("interactive everywhere", everyone_serves(ips, "interactive"), timeout=30)
+    finally:
+        balancer.stop.set()
+        watcher.join(timeout=5)
+    print(f"\n{sent} requests through the switch, {failed} failed; gates: {balancer.gate_history}")
+    assert sent > 1000
+    assert failed == 0, examples
+    for pod, history in balancer.gate_history.items():
+        assert "False" in history, f"{pod}: the gate never went False"
+        assert history[-1] == "True", f"{pod}: the gate did not come back"
+        assert history.index("False") < len(history) - 1
+
+
+@pytest.mark.timeout(90)
+def test_model_the_servers_lack_and_unknown_time_zone_are_invalid_specs(
+    kube: Kube, namespace: str, start_operator: StartOperator
+) -> None:
+    ips = fleet.start_tritons(kube, namespace, 1)
+    before = {ip: fleet.served_config(ip) for ip in ips.values()}
+    start_operator()
+    target = {**BASE_SPEC["target"], "models": ["gpu_sim", "torch_mlp"]}
+    operators.apply_policy(kube, namespace, policy(target=target))
+
+    def invalid() -> dict[str, Any] | None:
+        found = operators.condition(status_of(kube, namespace), "InvalidSpec")
+        return found if found.get("status") == "True" else None
+
+    message = waiting.wait_for("InvalidSpec", invalid, timeout=30)["message"]
+    assert "spec.target.models: 'torch_mlp' not loaded on pod triton-0 (it has: gpu_sim)" in message
+    assert any("torch_mlp" in m for m in operators.events(kube, namespace, "InvalidSpec"))
+    assert {ip: fleet.served_config(ip) for ip in ips.values()} == before
+
+    operators.apply_policy(kube, namespace, policy(schedule={"timezone": "Mars/Olympus"}))
+    waiting.wait_for(
+        "the time zone named",
+        lambda: (
+            "spec.schedule.timezone: unknown time zone 'Mars/Olympus'"
+            in (invalid() or {}).get("message", "")
+        ),
+        timeout=30,
+    )
+    assert {ip: fleet.served_config(ip) for ip in ips.values()} == before
+
+
+@pytest.mark.timeout(90)
+def test_operator_exports_metrics_and_liveness(
+    kube: Kube, namespace: str, start_operator: StartOperator
+) -> None:
+    ips = fleet.start_tritons(kube, namespace, 1)
+    operator = start_operator()
+    operators.apply_policy(kube, namespace, policy())
+    waiting.wait_for("bulk everywhere", everyone_serves(ips, "bulk"), timeout=30)
+    page = operator.metrics()
+    assert 'batchpilot_active_profile{policy="fleet",profile="bulk"} 1.0' in page
+    assert 'batchpilot_targets{policy="fleet",state="updated"} 1.0' in page
+    assert "batchpilot_profile_switches_total" in page
+    assert operator.healthy()
+
+
+@pytest.mark.timeout(120)
+def test_two_replicas_with_peering_leave_exactly_one_active(
+    kube: Kube, namespace: str, start_operator: StartOperator
+) -> None:
+    peering = {
+        "apiVersion": "kopf.dev/v1",
+        "kind": "KopfPeering",
+        "metadata": {"name": "batchpilot"},
+    }
+    operators.apply_policy(kube, namespace, peering)
+    ips = fleet.start_tritons(kube, namespace, 1)
+    second = start_operator(standalone=False, extra=["--priority", "20"])
+    first = start_operator(standalone=False, extra=["--priority", "10"])
+    operators.apply_policy(kube, namespace, policy())
+    waiting.wait_for("bulk everywhere", everyone_serves(ips, "bulk"), timeout=60)
+    time.sleep(3)  # a few ticks in which the follower, had it been active, would have acted
+    assert "fleet: (none) -> bulk" in second.log
+    assert "batchpilot.operator" not in first.log, "the lower-priority replica must stay paused"
+
+    # The leader leaves (a rolling update, say): the follower takes over and serves changes.
+    second.stop()
+    operators.apply_policy(kube, namespace, policy(override={"profile": "interactive"}))
+    waiting.wait_for("the follower to apply", everyone_serves(ips, "interactive"), timeout=60)
+    assert "Resuming operations after the pause" in first.log
+    assert "fleet: bulk -> interactive" in first.log

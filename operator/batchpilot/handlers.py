@@ -1,0 +1,127 @@
+"""The kopf handlers: thin, they only unpack kopf's arguments and delegate to the Controller.
+
+Importing this module registers them with kopf's default registry; `run` starts kopf with them.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from typing import Any
+
+import kopf
+
+from batchpilot import crds, operating, telemetry
+from batchpilot.policy import documents
+
+GROUP, VERSION, PLURAL = documents.GROUP, documents.VERSION, crds.PLURAL
+
+
+def controller_of(memo: Any) -> operating.Controller:
+    controller: operating.Controller = memo["controller"]
+    return controller
+
+
+@kopf.on.startup()
+async def configure(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
+    # kopf's own bookkeeping goes into batchpilot.dev annotations; the status is ours alone.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+    settings.persistence.finalizer = f"{GROUP}/operator"
+    # No watching of CRDs and namespaces: fewer permissions, and the CRD is installed first.
+    settings.scanning.disabled = True
+    settings.posting.level = logging.INFO
+    settings.peering.stealth = True
+    if not controller_of(memo).options.verbose:
+        # Every Pod event would log "Handler 'pod_changed' succeeded"; batchpilot logs what
+        # matters under batchpilot.operator.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    controller = controller_of(memo)
+    if controller.options.metrics_port is not None:
+        memo["exporter"] = await telemetry.serve(
+            controller.metrics.registry,
+            host=controller.options.metrics_host,
+            port=controller.options.metrics_port,
+        )
+
+
+@kopf.on.cleanup()
+async def close(*, memo: Any, **_: Any) -> None:
+    exporter = memo.get("exporter")
+    if exporter is not None:
+        await exporter.cleanup()
+    await controller_of(memo).reconciler.fleet.forget_all_but([])
+
+
+@kopf.index(GROUP, VERSION, PLURAL)
+def policies_by_namespace(
+    *, namespace: str | None, name: str, spec: kopf.Spec, **_: Any
+) -> dict[str | None, tuple[str, dict[str, Any]]]:
+    """Which policies select which Pods, so a Pod change pokes only its policies."""
+    return {namespace: (name, dict(spec.get("target", {}).get("selector", {})))}
+
+
+@kopf.daemon(
+    GROUP, VERSION, PLURAL, id="reconcile", cancellation_backoff=1.0, cancellation_timeout=10.0
+)
+async def reconcile(
+    *,
+    namespace: str | None,
+    name: str,
+    body: kopf.Body,
+    stopped: kopf.DaemonStopped,
+    memo: Any,
+    **_: Any,
+) -> None:
+    assert namespace is not None  # BatchPolicy is namespaced
+    await controller_of(memo).follow(namespace=namespace, name=name, body=body, stopped=stopped)
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def policy_changed(
+    *, namespace: str | None, name: str, body: kopf.Body, memo: Any, **_: Any
+) -> None:
+    if namespace and body.meta.get("generation") != body.status.get("observedGeneration"):
+        controller_of(memo).poke(namespace, name)
+
+
+@kopf.on.event("", "v1", "pods")
+def pod_changed(
+    *,
+    namespace: str | None,
+    body: kopf.Body,
+    event: kopf.RawEvent,
+    memo: Any,
+    **indices: Any,
+) -> None:
+    index: kopf.Index[str | None, tuple[str, dict[str, Any]]] = indices["policies_by_namespace"]
+    if namespace:
+        controller_of(memo).pod_changed(
+            namespace=namespace, pod=body, event_type=event.get("type"), index=index
+        )
+
+
+def run(
+    *,
+    options: operating.Options,
+    namespaces: list[str],
+    standalone: bool,
+    peering: str,
+    priority: int | None,
+    liveness: str | None,
+) -> int:
+    """Run the operator until SIGTERM or Ctrl-C."""
+    controller = operating.build_controller(options)
+    kopf.run(
+        clusterwide=not namespaces,
+        namespaces=namespaces,
+        standalone=standalone,
+        # Naming a peering makes it mandatory, which a standalone operator must not wait for.
+        peering_name=None if standalone else peering,
+        # Peers of equal priority all pause; a random one per replica makes one the leader.
+        priority=priority if priority is not None else secrets.randbelow(2**31 - 1) + 1,
+        liveness_endpoint=liveness,
+        memo=kopf.Memo(controller=controller),
+    )
+    return 0

@@ -1,0 +1,1 @@
+"""Kubernetes I/O for the operator: target Pods, their readiness gate, policy status."""

@@ -1,0 +1,161 @@
+"""Triton Pods as the operator sees them: targets, endpoints and the readiness gate.
+
+A target is a Pod that matches a policy's selector, runs, and has an IP. Its Triton endpoint is
+the Pod IP and `spec.target.port` (a number, or the name of a container port); the sidecar's is
+found the same way. A Pod opts into hitless switching with the readiness gate
+`batchpilot.dev/config-applied`: while batchpilot holds that condition False the Pod is not
+Ready, so Services stop sending it requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import kubernetes.client
+
+from batchpilot.policy import specs
+
+GATE = "batchpilot.dev/config-applied"
+STRATEGIC_MERGE = "application/strategic-merge-patch+json"
+
+
+@dataclass(frozen=True)
+class Target:
+    """One Triton Pod governed by a policy."""
+
+    name: str
+    uid: str
+    ip: str
+    http_port: int
+    sidecar_port: int | None
+    ready: bool
+    gated: bool
+    gate: str | None
+    """The gate condition's status ("True", "False") or None when unset."""
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.ip}:{self.http_port}"
+
+    @property
+    def sidecar_url(self) -> str | None:
+        return f"http://{self.ip}:{self.sidecar_port}" if self.sidecar_port else None
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.ip}:{self.http_port}"
+
+
+def selector_string(selector: specs.LabelSelector) -> str:
+    """A label selector in the API's query syntax."""
+    terms = [f"{key}={value}" for key, value in sorted(selector.match_labels.items())]
+    for requirement in selector.match_expressions:
+        values = ",".join(requirement.values)
+        terms.append(
+            {
+                "In": f"{requirement.key} in ({values})",
+                "NotIn": f"{requirement.key} notin ({values})",
+                "Exists": requirement.key,
+                "DoesNotExist": f"!{requirement.key}",
+            }[requirement.operator]
+        )
+    return ",".join(terms)
+
+
+def _port(pod: Mapping[str, Any], reference: int | str | None) -> int | None:
+    if reference is None or isinstance(reference, int):
+        return reference
+    if reference.isdigit():
+        return int(reference)
+    for container in pod["spec"].get("containers", []):
+        for port in container.get("ports") or []:
+            if port.get("name") == reference:
+                return int(port["containerPort"])
+    return None
+
+
+def _condition(pod: Mapping[str, Any], kind: str) -> str | None:
+    for condition in pod.get("status", {}).get("conditions") or []:
+        if condition.get("type") == kind:
+            return str(condition.get("status"))
+    return None
+
+
+def targets_from_pods(
+    pods: list[Mapping[str, Any]], target: specs.Target
+) -> tuple[list[Target], list[str]]:
+    """The Pods that can be targets, and a note for each that cannot (e.g. no such port)."""
+    found: list[Target] = []
+    skipped: list[str] = []
+    for pod in pods:
+        metadata, status = pod["metadata"], pod.get("status", {})
+        name = metadata["name"]
+        if metadata.get("deletionTimestamp") or status.get("phase") != "Running":
+            continue
+        if not status.get("podIP"):
+            continue
+        http_port = _port(pod, target.port)
+        if http_port is None:
+            skipped.append(f"{name}: no container port named {target.port!r}")
+            continue
+        gates = {gate.get("conditionType") for gate in pod["spec"].get("readinessGates") or []}
+        found.append(
+            Target(
+                name=name,
+                uid=metadata["uid"],
+                ip=status["podIP"],
+                http_port=http_port,
+                sidecar_port=_port(pod, target.sidecar_port),
+                ready=_condition(pod, "Ready") == "True",
+                gated=GATE in gates,
+                gate=_condition(pod, GATE),
+            )
+        )
+    return sorted(found, key=lambda t: t.name), skipped
+
+
+class Pods:
+    """Reads target Pods and writes their gate condition, through the Kubernetes API."""
+
+    def __init__(self, api: kubernetes.client.ApiClient, *, timeout: float = 10.0) -> None:
+        self._core = kubernetes.client.CoreV1Api(api)
+        self._timeout = timeout
+
+    async def targets(self, namespace: str, target: specs.Target) -> tuple[list[Target], list[str]]:
+        # Raw JSON: the Pods are read as the API writes them, not as the client's models.
+        response: Any = await asyncio.to_thread(
+            self._core.list_namespaced_pod,
+            namespace,
+            label_selector=selector_string(target.selector),
+            _preload_content=False,
+            _request_timeout=self._timeout,
+        )
+        pods = json.loads(response.data)["items"]
+        return targets_from_pods(pods, target)
+
+    async def set_gate(
+        self, namespace: str, pod: str, *, applied: bool, reason: str, message: str
+    ) -> None:
+        """Set the config-applied condition; the kubelet derives the Pod's Ready from it."""
+        condition = {
+            "type": GATE,
+            "status": "True" if applied else "False",
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": datetime.datetime.now(datetime.UTC).strftime(
+                "%Y-%m-%dT%H:%M:%SZ"
+            ),
+        }
+        await asyncio.to_thread(
+            self._core.patch_namespaced_pod_status,
+            pod,
+            namespace,
+            {"status": {"conditions": [condition]}},
+            _content_type=STRATEGIC_MERGE,
+            _request_timeout=self._timeout,
+        )

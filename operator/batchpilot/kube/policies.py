@@ -1,0 +1,33 @@
+"""Writing a BatchPolicy's status through the status subresource."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import kubernetes.client
+
+from batchpilot import crds
+from batchpilot.policy import documents
+
+MERGE = "application/merge-patch+json"
+
+
+class Policies:
+    def __init__(self, api: kubernetes.client.ApiClient, *, timeout: float = 10.0) -> None:
+        self._custom = kubernetes.client.CustomObjectsApi(api)
+        self._timeout = timeout
+
+    async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """Replace the status fields given (a merge patch: lists are written whole)."""
+        await asyncio.to_thread(
+            self._custom.patch_namespaced_custom_object_status,
+            documents.GROUP,
+            documents.VERSION,
+            namespace,
+            crds.PLURAL,
+            name,
+            {"status": status},
+            _content_type=MERGE,
+            _request_timeout=self._timeout,
+        )

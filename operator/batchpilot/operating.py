@@ -1,0 +1,233 @@
+"""`batchpilot operator`: the kopf operator's configuration and its per-policy loop.
+
+Each BatchPolicy gets one kopf daemon running `Controller.follow`: reconcile, write the status
+if it changed, post events, then sleep until the next tick, the policy's next scheduled
+transition, or a poke — whichever comes first. Pokes come from the watch handlers when the spec
+changes or a target Pod appears, disappears, changes IP or readiness. One loop per policy means
+one writer per policy: reconciles of the same policy never overlap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, cast
+
+import kopf
+import kubernetes.client
+import kubernetes.config
+
+from batchpilot import reconciling, telemetry
+from batchpilot.kube import pods as kube_pods
+from batchpilot.kube import policies
+from batchpilot.kube.pods import Target
+from batchpilot.policy import specs
+from batchpilot.signals import sources
+from batchpilot.triton import fleets
+
+logger = logging.getLogger("batchpilot.operator")
+
+ERROR_BACKOFF_SECONDS = 5.0
+# A wake-up at a scheduled transition lands just after it, so the decision sees the new state.
+TRANSITION_MARGIN_SECONDS = 0.05
+
+
+@dataclass(frozen=True)
+class Options:
+    interval: float = 5.0
+    settle_seconds: float = 1.5
+    metrics_host: str = "0.0.0.0"  # noqa: S104 - scraped by Prometheus from outside the Pod
+    metrics_port: int | None = 9402
+    verbose: bool = False
+
+
+def kubernetes_api() -> kubernetes.client.ApiClient:
+    """In-cluster credentials when running in a Pod, else the kubeconfig (as kopf does)."""
+    try:
+        kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config()  # type: ignore[no-untyped-call]
+    return kubernetes.client.ApiClient()
+
+
+def triton_signal_source(
+    fleet: fleets.TritonFleet,
+) -> reconciling.SignalSourceFactory:
+    def build(
+        policy: specs.BatchPolicySpec, targets: list[Target] | Any
+    ) -> sources.TritonMetricsSource:
+        return sources.TritonMetricsSource(
+            [fleet.server(target.http_url) for target in targets], models=policy.target.models
+        )
+
+    return build
+
+
+class StatusWriter(Protocol):
+    async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None: ...
+
+
+def post_event(body: Mapping[str, Any], event: reconciling.Event) -> None:
+    """An Event on the policy, through kopf's poster (the body is kopf's, from the daemon)."""
+    kopf.event(
+        cast(kopf.Body, body), type=event.type, reason=event.reason, message=event.message[:1024]
+    )
+
+
+def utc_now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+@dataclass
+class Controller:
+    """Shared by every policy's daemon: the reconciler, the status writer, the pokes."""
+
+    options: Options
+    reconciler: reconciling.Reconciler
+    policies: StatusWriter
+    metrics: telemetry.ControllerMetrics
+    post: Callable[[Mapping[str, Any], reconciling.Event], None] = post_event
+    clock: Callable[[], datetime.datetime] = utc_now
+    wakeups: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
+    pods_seen: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+
+    def wakeup(self, namespace: str, name: str) -> asyncio.Event:
+        return self.wakeups.setdefault((namespace, name), asyncio.Event())
+
+    def poke(self, namespace: str, name: str) -> None:
+        self.wakeup(namespace, name).set()
+
+    async def follow(
+        self,
+        *,
+        namespace: str,
+        name: str,
+        body: Mapping[str, Any],
+        stopped: kopf.DaemonStopped,
+    ) -> None:
+        """Reconcile one policy until it is deleted or the operator stops."""
+        state = reconciling.PolicyMemory()
+        wakeup = self.wakeup(namespace, name)
+        try:
+            while not stopped:
+                wakeup.clear()
+                delay = await self._once(namespace, name, body, state)
+                sleeper = asyncio.ensure_future(wakeup.wait())
+                waiter = asyncio.ensure_future(stopped.wait())
+                await asyncio.wait(
+                    {sleeper, waiter}, timeout=delay, return_when=asyncio.FIRST_COMPLETED
+                )
+                for task in (sleeper, waiter):
+                    task.cancel()
+        finally:
+            self.wakeups.pop((namespace, name), None)
+
+    async def _once(
+        self, namespace: str, name: str, body: Mapping[str, Any], state: reconciling.PolicyMemory
+    ) -> float:
+        """One reconcile; the seconds until the next."""
+        status: Mapping[str, Any] = body.get("status") or {}
+        try:
+            outcome = await self.reconciler.reconcile(
+                namespace=namespace,
+                name=name,
+                spec=dict(body.get("spec") or {}),
+                status=dict(status),
+                generation=(body.get("metadata") or {}).get("generation"),
+                state=state,
+            )
+        except Exception:
+            # A bug or an API outage must not end the policy's loop: report and try again.
+            logger.exception("%s/%s: reconcile failed", namespace, name)
+            return ERROR_BACKOFF_SECONDS
+        for event in outcome.events:
+            self.post(body, event)
+        if _changed(status, outcome.status):
+            try:
+                await self.policies.patch_status(namespace, name, outcome.status)
+            except kubernetes.client.ApiException as error:
+                logger.warning("%s/%s: status not written: %s", namespace, name, error.reason)
+        delay = self.options.interval
+        if outcome.wake_at is not None:
+            until = (outcome.wake_at - self.clock()).total_seconds()
+            delay = min(delay, max(until + TRANSITION_MARGIN_SECONDS, 0.0))
+        return delay
+
+    def pod_changed(
+        self,
+        *,
+        namespace: str,
+        pod: Mapping[str, Any],
+        event_type: str | None,
+        index: kopf.Index[str | None, tuple[str, dict[str, Any]]],
+    ) -> None:
+        """Poke the policies that select a Pod whose address or readiness changed."""
+        metadata = pod.get("metadata", {})
+        uid = metadata.get("uid", "")
+        status = pod.get("status", {})
+        ready = [
+            c.get("status") for c in status.get("conditions") or [] if c.get("type") == "Ready"
+        ]
+        fingerprint = (
+            status.get("podIP"),
+            status.get("phase"),
+            tuple(ready),
+            metadata.get("deletionTimestamp"),
+        )
+        if event_type == "DELETED":
+            self.pods_seen.pop(uid, None)
+        elif self.pods_seen.get(uid) == fingerprint:
+            return
+        else:
+            self.pods_seen[uid] = fingerprint
+        labels = metadata.get("labels") or {}
+        for policy, selector in index.get(namespace, []):
+            if selects(selector, labels):
+                self.poke(namespace, policy)
+
+
+def _changed(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
+    return any(current.get(key) != value for key, value in wanted.items())
+
+
+def selects(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """Label-selector semantics, for deciding whom to poke (the API does the real selection)."""
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for requirement in selector.get("matchExpressions") or []:
+        key, operator, values = (
+            requirement["key"],
+            requirement["operator"],
+            requirement.get("values") or [],
+        )
+        present = key in labels
+        if (
+            (operator == "In" and labels.get(key) not in values)
+            or (operator == "NotIn" and present and labels[key] in values)
+            or (operator == "Exists" and not present)
+            or (operator == "DoesNotExist" and present)
+        ):
+            return False
+    return True
+
+
+def build_controller(options: Options) -> Controller:
+    api = kubernetes_api()
+    fleet = fleets.TritonFleet()
+    metrics = telemetry.controller_metrics()
+    pods = kube_pods.Pods(api)
+    reconciler = reconciling.Reconciler(
+        pods=pods,
+        gates=pods,
+        fleet=fleet,
+        signal_source=triton_signal_source(fleet),
+        metrics=metrics,
+        settle_seconds=options.settle_seconds,
+    )
+    return Controller(
+        options=options, reconciler=reconciler, policies=policies.Policies(api), metrics=metrics
+    )

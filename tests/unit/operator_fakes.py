@@ -1,0 +1,124 @@
+"""Fakes at the operator's two boundaries: the Kubernetes API (Pods, gates) and Triton servers.
+
+They record what the code under test asked for, in order, so tests can assert on the sequence
+(gate closed, drained, applied, gate opened) as well as the outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from batchpilot.kube.pods import Target
+from batchpilot.policy import rendering, specs
+from batchpilot.triton import actuators, modelconfigs, servers
+
+
+def target(name: str, *, gated: bool = False, gate: str | None = None, ip: str = "") -> Target:
+    number = int(name.rsplit("-", 1)[-1]) if name[-1].isdigit() else 0
+    return Target(
+        name=name,
+        uid=f"uid-{name}",
+        ip=ip or f"10.88.0.{number + 1}",
+        http_port=8000,
+        sidecar_port=None,
+        ready=not gated or gate == "True",
+        gated=gated,
+        gate=gate,
+    )
+
+
+@dataclass
+class FakeServer:
+    models: list[str] = field(default_factory=lambda: ["gpu_sim"])
+    profile: str | None = None
+    pending: list[float] = field(default_factory=list)
+    """Pending-request readings to return in turn (then 0)."""
+    fail_with: Exception | None = None
+    refuse: str | None = None
+    unreachable: bool = False
+
+
+class FakeFleet:
+    def __init__(self, servers_by_url: dict[str, FakeServer]) -> None:
+        self.servers = servers_by_url
+        self.calls: list[tuple[str, str]] = []
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.apply_seconds = 0.0
+
+    def _server(self, url: str) -> FakeServer:
+        server = self.servers[url]
+        if server.unreachable:
+            raise servers.Unreachable(url, "connection refused")
+        return server
+
+    async def loaded_models(self, url: str) -> list[str]:
+        return list(self._server(url).models)
+
+    async def runs(
+        self, url: str, model: str, settings: rendering.Settings, *, profile: str
+    ) -> bool:
+        server = self._server(url)
+        if server.refuse:
+            raise modelconfigs.ProfileRefused(server.refuse)
+        return server.profile == profile
+
+    async def pending_requests(self, url: str, models: Sequence[str]) -> float:
+        server = self._server(url)
+        self.calls.append(("pending", url))
+        return server.pending.pop(0) if server.pending else 0.0
+
+    async def apply(
+        self,
+        url: str,
+        model: str,
+        settings: rendering.Settings,
+        *,
+        profile: str,
+        unload_first: bool,
+        verify_timeout: float,
+    ) -> actuators.Applied:
+        server = self._server(url)
+        self.calls.append(("apply", url))
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(self.apply_seconds)
+            if server.fail_with is not None:
+                raise server.fail_with
+            previous, server.profile = server.profile, profile
+            return actuators.Applied(model, profile, previous, True, self.apply_seconds)
+        finally:
+            self.in_flight -= 1
+
+    def server(self, url: str) -> servers.TritonServer:
+        return servers.TritonServer(url)
+
+    async def forget_all_but(self, urls: Sequence[str]) -> None:
+        return None
+
+
+class FakeGates:
+    def __init__(self, fleet: FakeFleet | None = None) -> None:
+        self.fleet = fleet
+        self.changes: list[tuple[str, bool, str]] = []
+
+    async def set_gate(
+        self, namespace: str, pod: str, *, applied: bool, reason: str, message: str
+    ) -> None:
+        self.changes.append((pod, applied, reason))
+        if self.fleet is not None:
+            self.fleet.calls.append(("gate-" + ("open" if applied else "close"), pod))
+
+
+class FakePods:
+    def __init__(self, targets: list[Target], skipped: list[str] | None = None) -> None:
+        self.found = targets
+        self.skipped = skipped or []
+
+    async def targets(
+        self, namespace: str, target_spec: specs.Target
+    ) -> tuple[list[Target], list[str]]:
+        return list(self.found), list(self.skipped)

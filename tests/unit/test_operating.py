@@ -1,0 +1,175 @@
+"""The per-policy daemon loop and the handlers' poke logic, on fake loop time (looptime)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+from typing import Any
+
+import pytest
+
+from batchpilot import operating, reconciling, telemetry
+from builders import spec_document
+
+START = datetime.datetime(2026, 11, 24, 15, tzinfo=datetime.UTC)
+
+
+class ScriptedReconciler:
+    """Returns prepared outcomes and notes the loop time of every call."""
+
+    def __init__(self, wake_after: float | None = None, fail_first: bool = False) -> None:
+        self.calls: list[float] = []
+        self.wake_after = wake_after
+        self.fail_first = fail_first
+
+    async def reconcile(self, **_: Any) -> reconciling.Reconciled:
+        now = asyncio.get_running_loop().time()
+        self.calls.append(now)
+        if self.fail_first and len(self.calls) == 1:
+            raise RuntimeError("the API server went away")
+        wake = (
+            START + datetime.timedelta(seconds=now + self.wake_after) if self.wake_after else None
+        )
+        return reconciling.Reconciled(
+            status={"activeProfile": "bulk"},
+            events=(reconciling.Event("Normal", "ProfileSwitched", "x"),)
+            if len(self.calls) == 1
+            else (),
+            wake_at=wake,
+        )
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.statuses: list[dict[str, Any]] = []
+        self.events: list[str] = []
+
+    async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self.statuses.append(status)
+
+    def post(self, body: Any, event: reconciling.Event) -> None:
+        self.events.append(event.reason)
+
+
+class Stopped:
+    """A stand-in for kopf's DaemonStopped flag."""
+
+    def __init__(self) -> None:
+        self.flag = asyncio.Event()
+
+    def __bool__(self) -> bool:
+        return self.flag.is_set()
+
+    async def wait(self) -> None:
+        await self.flag.wait()
+
+
+def controller(
+    reconciler: ScriptedReconciler, recorder: Recorder, interval: float = 5.0
+) -> operating.Controller:
+    return operating.Controller(
+        options=operating.Options(interval=interval, metrics_port=None),
+        reconciler=reconciler,  # type: ignore[arg-type]
+        policies=recorder,
+        metrics=telemetry.controller_metrics(),
+        post=recorder.post,
+        clock=lambda: START + datetime.timedelta(seconds=asyncio.get_running_loop().time()),
+    )
+
+
+async def run_for(
+    subject: operating.Controller, seconds: float, *, poke_at: float | None = None
+) -> None:
+    stopped = Stopped()
+    body = {"spec": spec_document(), "status": {}, "metadata": {"generation": 1}}
+    follow = asyncio.create_task(
+        subject.follow(namespace="ns", name="fleet", body=body, stopped=stopped)  # type: ignore[arg-type]
+    )
+    if poke_at is not None:
+        await asyncio.sleep(poke_at)
+        subject.poke("ns", "fleet")
+        await asyncio.sleep(seconds - poke_at)
+    else:
+        await asyncio.sleep(seconds)
+    stopped.flag.set()
+    await asyncio.wait_for(follow, timeout=1)
+
+
+@pytest.mark.looptime
+async def test_reconciles_every_interval_and_writes_status_once() -> None:
+    reconciler, recorder = ScriptedReconciler(), Recorder()
+    await run_for(controller(reconciler, recorder, interval=5), 16)
+    assert reconciler.calls == pytest.approx([0, 5, 10, 15])
+    # The body is a live view in kopf; here it never changes, so every tick re-patches.
+    assert len(recorder.statuses) == 4
+    assert recorder.events == ["ProfileSwitched"]
+
+
+@pytest.mark.looptime
+async def test_wakes_at_the_next_transition_before_the_interval() -> None:
+    reconciler = ScriptedReconciler(wake_after=2)
+    await run_for(controller(reconciler, Recorder(), interval=30), 7)
+    assert reconciler.calls[:3] == pytest.approx([0, 2.05, 4.1], abs=0.01)
+
+
+@pytest.mark.looptime
+async def test_a_poke_wakes_the_loop_at_once() -> None:
+    reconciler = ScriptedReconciler()
+    await run_for(controller(reconciler, Recorder(), interval=30), 10, poke_at=3)
+    assert reconciler.calls == pytest.approx([0, 3])
+
+
+@pytest.mark.looptime
+async def test_a_failing_reconcile_backs_off_and_the_loop_goes_on() -> None:
+    reconciler = ScriptedReconciler(fail_first=True)
+    await run_for(controller(reconciler, Recorder(), interval=30), 6)
+    assert reconciler.calls == pytest.approx([0, operating.ERROR_BACKOFF_SECONDS])
+
+
+def test_pod_changes_poke_only_the_policies_that_select_the_pod() -> None:
+    subject = controller(ScriptedReconciler(), Recorder())
+    index = {
+        "ns": [
+            ("fleet", {"matchLabels": {"app": "triton"}}),
+            ("other", {"matchLabels": {"app": "x"}}),
+        ]
+    }
+    pod = {"metadata": {"uid": "u1", "labels": {"app": "triton"}}, "status": {"podIP": "10.0.0.1"}}
+    subject.pod_changed(namespace="ns", pod=pod, event_type="ADDED", index=index)  # type: ignore[arg-type]
+    assert subject.wakeup("ns", "fleet").is_set()
+    assert not subject.wakeup("ns", "other").is_set()
+    subject.wakeup("ns", "fleet").clear()
+    # The same Pod again, unchanged where it matters: no poke.
+    subject.pod_changed(namespace="ns", pod=pod, event_type="MODIFIED", index=index)  # type: ignore[arg-type]
+    assert not subject.wakeup("ns", "fleet").is_set()
+    ready = {
+        **pod,
+        "status": {"podIP": "10.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    subject.pod_changed(namespace="ns", pod=ready, event_type="MODIFIED", index=index)  # type: ignore[arg-type]
+    assert subject.wakeup("ns", "fleet").is_set()
+
+
+@pytest.mark.parametrize(
+    ("selector", "labels", "selected"),
+    [
+        ({"matchLabels": {"app": "triton"}}, {"app": "triton", "x": "y"}, True),
+        (
+            {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["a", "b"]}]},
+            {"tier": "b"},
+            True,
+        ),
+        (
+            {"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["a"]}]},
+            {"tier": "a"},
+            False,
+        ),
+        ({"matchExpressions": [{"key": "gpu", "operator": "Exists"}]}, {}, False),
+        ({"matchExpressions": [{"key": "gpu", "operator": "DoesNotExist"}]}, {}, True),
+        ({}, {"anything": "goes"}, True),
+    ],
+)
+def test_selector_semantics(
+    selector: dict[str, Any], labels: dict[str, str], selected: bool
+) -> None:
+    assert operating.selects(selector, labels) is selected

@@ -1,0 +1,79 @@
+"""Target Pods from the API's JSON: endpoints, named ports, the readiness gate."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from batchpilot.kube import pods
+from batchpilot.policy import specs
+
+
+def pod(
+    name: str, *, phase: str = "Running", ip: str | None = "10.88.0.7", **extra: Any
+) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "uid": f"uid-{name}", **extra.get("metadata", {})},
+        "spec": {
+            "containers": [
+                {
+                    "name": "triton",
+                    "ports": [
+                        {"name": "http", "containerPort": 8100},
+                        {"name": "sidecar", "containerPort": 9400},
+                    ],
+                }
+            ],
+            "readinessGates": extra.get("gates", []),
+        },
+        "status": {"phase": phase, "podIP": ip, "conditions": extra.get("conditions", [])},
+    }
+
+
+def target_spec(**fields: Any) -> specs.Target:
+    return specs.Target.model_validate({"selector": {}, **fields})
+
+
+def test_named_ports_resolve_and_pods_without_ip_or_running_are_skipped() -> None:
+    found, skipped = pods.targets_from_pods(
+        [
+            pod("b"),
+            pod("a"),
+            pod("pending", phase="Pending"),
+            pod("no-ip", ip=None),
+            pod("leaving", metadata={"deletionTimestamp": "2026-11-24T15:00:00Z"}),
+        ],
+        target_spec(port="http", sidecarPort="sidecar"),
+    )
+    assert [t.name for t in found] == ["a", "b"]
+    assert found[0].http_url == "http://10.88.0.7:8100"
+    assert found[0].sidecar_url == "http://10.88.0.7:9400"
+    assert skipped == []
+
+
+def test_a_missing_named_port_is_reported() -> None:
+    found, skipped = pods.targets_from_pods([pod("a")], target_spec(port="grpc"))
+    assert found == []
+    assert skipped == ["a: no container port named 'grpc'"]
+
+
+def test_gate_and_readiness_are_read_from_the_pod() -> None:
+    gated = pod(
+        "g",
+        gates=[{"conditionType": pods.GATE}],
+        conditions=[{"type": pods.GATE, "status": "False"}, {"type": "Ready", "status": "False"}],
+    )
+    (found,), _ = pods.targets_from_pods([gated], target_spec())
+    assert (found.gated, found.gate, found.ready, found.http_port) == (True, "False", False, 8000)
+
+
+def test_selector_string_speaks_the_api_query_syntax() -> None:
+    selector = specs.LabelSelector.model_validate(
+        {
+            "matchLabels": {"app": "triton", "tier": "gpu"},
+            "matchExpressions": [
+                {"key": "zone", "operator": "In", "values": ["a", "b"]},
+                {"key": "canary", "operator": "DoesNotExist"},
+            ],
+        }
+    )
+    assert pods.selector_string(selector) == "app=triton,tier=gpu,zone in (a,b),!canary"

@@ -1,0 +1,214 @@
+"""One reconcile of one policy, with fakes at the Kubernetes and Triton boundaries."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import pytest
+from operator_fakes import FakeFleet, FakeGates, FakePods, FakeServer, target
+
+from batchpilot import reconciling, telemetry
+from batchpilot.kube.pods import Target
+from batchpilot.policy import decisions, specs
+from batchpilot.signals import sources
+from builders import spec_document, utc
+
+NOW = utc(2026, 11, 24, 15)
+
+
+class FixedSignals:
+    def __init__(self, metrics: dict[str, float], problems: tuple[str, ...] = ()) -> None:
+        self.reading = sources.Reading(decisions.Signals(metrics), problems=problems)
+
+    async def read(self) -> sources.Reading:
+        return self.reading
+
+
+def reconciler(
+    targets: list[Target],
+    fleet: FakeFleet,
+    gates: FakeGates | None = None,
+    signals: FixedSignals | None = None,
+    now: datetime.datetime = NOW,
+) -> reconciling.Reconciler:
+    return reconciling.Reconciler(
+        pods=FakePods(targets),
+        gates=gates or FakeGates(),
+        fleet=fleet,
+        signal_source=lambda policy, found: signals or FixedSignals({}),
+        metrics=telemetry.controller_metrics(),
+        clock=lambda: now,
+        settle_seconds=0,
+    )
+
+
+async def reconcile(
+    subject: reconciling.Reconciler,
+    spec: dict[str, Any],
+    *,
+    status: dict[str, Any] | None = None,
+    state: reconciling.PolicyMemory | None = None,
+) -> reconciling.Reconciled:
+    return await subject.reconcile(
+        namespace="ns",
+        name="fleet",
+        spec=spec,
+        status=status or {},
+        generation=3,
+        state=state or reconciling.PolicyMemory(),
+    )
+
+
+def conditions(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+
+
+def two_servers(**server: Any) -> tuple[list[Target], FakeFleet]:
+    targets = [target("triton-0"), target("triton-1")]
+    return targets, FakeFleet({t.http_url: FakeServer(**server) for t in targets})
+
+
+@pytest.mark.looptime
+async def test_first_reconcile_switches_rolls_out_and_reports() -> None:
+    targets, fleet = two_servers()
+    outcome = await reconcile(reconciler(targets, fleet), spec_document())
+    status = outcome.status
+    assert status["activeProfile"] == "bulk"
+    assert status["desiredProfile"] == "bulk"
+    assert status["targets"] == {"total": 2, "updated": 2, "failed": 0, "summary": "2/2 updated"}
+    assert status["observedGeneration"] == 3
+    assert status["lastTransitionTime"] == "2026-11-24T15:00:00Z"
+    assert conditions(status)["Ready"] == ("True", "RolledOut")
+    assert conditions(status)["InvalidSpec"] == ("False", "Valid")
+    assert [(e.reason, e.message) for e in outcome.events] == [
+        ("ProfileSwitched", "(none) -> bulk: defaultProfile (no schedule windows)"),
+        ("RolledOut", "bulk on 2/2 targets in 0.0s (2 reloads)"),
+    ]
+    assert all(server.profile == "bulk" for server in fleet.servers.values())
+
+
+@pytest.mark.looptime
+async def test_invalid_spec_changes_nothing_and_is_reported_once() -> None:
+    targets, fleet = two_servers()
+    subject = reconciler(targets, fleet)
+    state = reconciling.PolicyMemory()
+    spec = spec_document(schedule={"timezone": "Mars/Olympus"})
+    first = await reconcile(subject, spec, state=state)
+    assert conditions(first.status)["InvalidSpec"] == ("True", "InvalidSpec")
+    assert "spec.schedule.timezone: unknown time zone 'Mars/Olympus'" in first.status["reason"]
+    assert [e.reason for e in first.events] == ["InvalidSpec"]
+    second = await reconcile(subject, spec, status=first.status, state=state)
+    assert second.events == ()
+    assert fleet.calls == []
+
+
+@pytest.mark.looptime
+async def test_a_model_the_servers_lack_is_an_invalid_spec() -> None:
+    targets, fleet = two_servers()
+    spec = spec_document(target={"selector": {}, "models": ["gpu_sim", "torch_mlp"]})
+    outcome = await reconcile(reconciler(targets, fleet), spec)
+    invalid = next(c for c in outcome.status["conditions"] if c["type"] == "InvalidSpec")
+    assert invalid["message"].startswith(
+        "spec.target.models: 'torch_mlp' not loaded on pod triton-0 (it has: gpu_sim)"
+    )
+    assert all(server.profile is None for server in fleet.servers.values())
+
+
+@pytest.mark.looptime
+async def test_restarted_operator_carries_on_from_the_status_without_a_switch() -> None:
+    targets, fleet = two_servers(profile="interactive")
+    status = {"activeProfile": "interactive", "lastTransitionTime": "2026-11-24T14:58:00Z"}
+    # The schedule now asks for bulk, but interactive began two minutes ago and dwell is 5.
+    spec = spec_document(minDwellSeconds=300)
+    outcome = await reconcile(reconciler(targets, fleet), spec, status=status)
+    assert outcome.status["activeProfile"] == "interactive"
+    assert outcome.status["desiredProfile"] == "bulk"
+    assert outcome.status["lastTransitionTime"] == "2026-11-24T14:58:00Z"
+    assert conditions(outcome.status)["Progressing"] == ("True", "DwellHolding")
+    assert outcome.wake_at == utc(2026, 11, 24, 15, 3)
+    assert not any(e.reason == "ProfileSwitched" for e in outcome.events)
+    assert fleet.calls == []
+
+
+@pytest.mark.looptime
+async def test_missing_signals_are_a_condition_and_the_schedule_decides() -> None:
+    targets, fleet = two_servers()
+    spec = spec_document(
+        load={"rules": [{"profile": "interactive", "metric": "queueDepth", "above": 10}]}
+    )
+    signals = FixedSignals({}, problems=("sidecar 10.88.0.1:9400 unreachable",))
+    outcome = await reconcile(reconciler(targets, fleet, signals=signals), spec)
+    assert outcome.status["activeProfile"] == "bulk"
+    unavailable = next(c for c in outcome.status["conditions"] if c["type"] == "SignalsUnavailable")
+    assert unavailable["status"] == "True"
+    assert "sidecar 10.88.0.1:9400 unreachable" in unavailable["message"]
+    assert "no queueDepth measurement" in unavailable["message"]
+
+
+@pytest.mark.looptime
+async def test_load_signal_switches_the_profile() -> None:
+    targets, fleet = two_servers()
+    spec = spec_document(
+        load={"rules": [{"profile": "interactive", "metric": "queueDepth", "above": 10}]}
+    )
+    outcome = await reconcile(
+        reconciler(targets, fleet, signals=FixedSignals({"queueDepth": 50})), spec
+    )
+    assert outcome.status["activeProfile"] == "interactive"
+    assert outcome.status["reason"].startswith("load rule #1 (queueDepth > 10) holds")
+
+
+@pytest.mark.looptime
+async def test_dry_run_applies_nothing_but_opens_gates() -> None:
+    gated = target("triton-0", gated=True)
+    fleet = FakeFleet({gated.http_url: FakeServer()})
+    gates = FakeGates()
+    outcome = await reconcile(reconciler([gated], fleet, gates), spec_document(dryRun=True))
+    assert outcome.status["activeProfile"] == "bulk"
+    assert outcome.status["targets"]["summary"] == "dry run, 1 targets"
+    assert conditions(outcome.status)["Ready"] == ("False", "DryRun")
+    assert [e.reason for e in outcome.events] == ["DryRunDecision"]
+    assert gates.changes == [("triton-0", True, "DryRun")]
+    assert fleet.calls == []
+
+
+@pytest.mark.looptime
+async def test_no_targets_is_not_ready_and_says_why() -> None:
+    fleet = FakeFleet({})
+    outcome = await reconcile(reconciler([], fleet), spec_document())
+    ready = next(c for c in outcome.status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "NoTargets")
+    assert outcome.status["targets"]["summary"] == "0/0 updated"
+
+
+@pytest.mark.looptime
+async def test_unchanged_state_gives_an_unchanged_status() -> None:
+    targets, fleet = two_servers()
+    state = reconciling.PolicyMemory()
+    first = await reconcile(reconciler(targets, fleet), spec_document(), state=state)
+    later = reconciler(targets, fleet, now=NOW + datetime.timedelta(seconds=30))
+    second = await reconcile(later, spec_document(), status=first.status, state=state)
+    assert second.status == first.status, "a steady fleet must not rewrite its status every tick"
+    assert second.events == ()
+
+
+@pytest.mark.looptime
+async def test_failed_target_is_degraded_and_reported_once() -> None:
+    targets, fleet = two_servers()
+    fleet.servers[targets[1].http_url].unreachable = True
+    subject = reconciler(targets, fleet)
+    state = reconciling.PolicyMemory()
+    first = await reconcile(subject, spec_document(), state=state)
+    assert conditions(first.status)["Degraded"] == ("True", "TargetsFailed")
+    assert first.status["targets"]["summary"] == "1/2 updated, 1 failed"
+    warnings = [(e.reason, e.message) for e in first.events if e.type == "Warning"]
+    assert warnings == [("TargetUnreachable", "pod triton-1: connection refused")]
+    details = {d["name"]: d["state"] for d in first.status["targetDetails"]}
+    assert details == {"triton-0": "Updated", "triton-1": "Unreachable"}
+    second = await reconcile(subject, spec_document(), status=first.status, state=state)
+    assert second.events == ()
+
+
+def test_spec_model_is_what_reconcile_parses() -> None:
+    assert specs.BatchPolicySpec.model_validate(spec_document()).default_profile == "bulk"
