@@ -57,7 +57,7 @@ def triton_signal_source(
     fleet: fleets.TritonFleet,
 ) -> reconciling.SignalSourceFactory:
     def build(
-        policy: specs.BatchPolicySpec, targets: list[Target] | Any
+        policy: specs.BatchPolicySpec, targets: Sequence[Target]
     ) -> sources.TritonMetricsSource:
         return sources.TritonMetricsSource(
             [fleet.server(target.http_url) for target in targets], models=policy.target.models
