@@ -6,7 +6,7 @@ from collections.abc import Iterator
 import pytest
 
 # Real Triton servers for the integration tests, the demo and the benchmarks.
-pytest_plugins = ["triton_fixtures"]
+pytest_plugins = ["triton_fixtures", "prometheus_fixtures"]
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -25,7 +25,7 @@ from batchpilot.kube import pods as kube_pods
 from batchpilot.kube import policies
 from batchpilot.kube.pods import Target
 from batchpilot.policy import specs
-from batchpilot.signals import sources
+from batchpilot.signals import prometheus, sources
 from batchpilot.triton import fleets
 
 logger = logging.getLogger("batchpilot.operator")
@@ -53,12 +53,19 @@ def kubernetes_api() -> kubernetes.client.ApiClient:
     return kubernetes.client.ApiClient()
 
 
-def triton_signal_source(
-    fleet: fleets.TritonFleet,
-) -> reconciling.SignalSourceFactory:
+def signal_sources(fleet: fleets.TritonFleet) -> reconciling.SignalSourceFactory:
+    """Where a policy's signals come from: its Prometheus, or its targets themselves."""
+
     def build(
-        policy: specs.BatchPolicySpec, targets: Sequence[Target]
-    ) -> sources.TritonMetricsSource:
+        namespace: str, policy: specs.BatchPolicySpec, targets: Sequence[Target]
+    ) -> reconciling.SignalSource:
+        if policy.load and policy.load.source == "prometheus" and policy.load.prometheus:
+            return prometheus.PrometheusSource(
+                policy.load.prometheus.url,
+                namespace=namespace,
+                pods=[target.name for target in targets],
+                models=policy.target.models,
+            )
         return sources.TritonMetricsSource(
             [fleet.server(target.http_url) for target in targets], models=policy.target.models
         )
@@ -224,7 +231,7 @@ def build_controller(options: Options) -> Controller:
         pods=pods,
         gates=pods,
         fleet=fleet,
-        signal_source=triton_signal_source(fleet),
+        signal_source=signal_sources(fleet),
         metrics=metrics,
         settle_seconds=options.settle_seconds,
     )

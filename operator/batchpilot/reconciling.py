@@ -38,7 +38,8 @@ class SignalSource(Protocol):
     async def read(self) -> sources.Reading: ...
 
 
-SignalSourceFactory = Callable[[specs.BatchPolicySpec, Sequence[Target]], SignalSource]
+SignalSourceFactory = Callable[[str, specs.BatchPolicySpec, Sequence[Target]], SignalSource]
+"""Builds the signal source for (namespace, policy, targets)."""
 
 
 class Fleet(rollouts.Fleet, Protocol):
@@ -159,7 +160,7 @@ class Reconciler:
                 state.announce(key, Event("Warning", "TargetUnreachable", message), events)
             else:
                 state.forget(key)
-        reading = await self._signals(policy, targets, state)
+        reading = await self._signals(namespace, policy, targets, state)
         decision = decisions.decide(policy, now, reading.signals, state.memory)
         previous_profile = state.memory.profile
         state.memory = decision.memory
@@ -235,14 +236,21 @@ class Reconciler:
         return models, unreachable, sorted(missing)
 
     async def _signals(
-        self, policy: specs.BatchPolicySpec, targets: Sequence[Target], state: PolicyMemory
+        self,
+        namespace: str,
+        policy: specs.BatchPolicySpec,
+        targets: Sequence[Target],
+        state: PolicyMemory,
     ) -> sources.Reading:
         wanted = bool(policy.load and policy.load.rules) or bool(policy.slo and policy.slo.autotune)
         if not wanted:
             return sources.Reading(signals=decisions.Signals())
-        key = (policy.load.source if policy.load else "sidecar", *(t.http_url for t in targets))
+        prometheus = policy.load.prometheus.url if policy.load and policy.load.prometheus else ""
+        source = policy.load.source if policy.load else "sidecar"
+        key = (source, prometheus, *(t.http_url for t in targets))
         if state.source is None or state.source_key != key:
-            state.source, state.source_key = self.signal_source(policy, targets), key
+            state.source = self.signal_source(namespace, policy, targets)
+            state.source_key = key
         try:
             async with asyncio.timeout(SIGNAL_TIMEOUT_SECONDS):
                 return await state.source.read()

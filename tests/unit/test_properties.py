@@ -96,7 +96,10 @@ def test_schedule_profile_holds_until_next_transition_then_changes(
         return
     span = first.next_transition - now
     for fraction in fractions:
-        instant = now + span * fraction
+        # timedelta * float rounds to microseconds; stay strictly before the transition.
+        instant = min(
+            now + span * fraction, first.next_transition - datetime.timedelta(microseconds=1)
+        )
         assert (
             decisions.decide(spec, instant, decisions.Signals(), decisions.Memory()).profile
             == first.profile

@@ -36,7 +36,7 @@ def reconciler(
         pods=FakePods(targets),
         gates=gates or FakeGates(),
         fleet=fleet,
-        signal_source=lambda policy, found: signals or FixedSignals({}),
+        signal_source=lambda namespace, policy, found: signals or FixedSignals({}),
         metrics=telemetry.controller_metrics(),
         clock=lambda: now,
         settle_seconds=0,
