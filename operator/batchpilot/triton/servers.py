@@ -163,6 +163,13 @@ class TritonServer:
             f"unload of {model}", self._triton().unload_model(model), seconds=self.load_timeout
         )
 
+    async def statistics(self, model: str = "") -> list[dict[str, Any]]:
+        """Triton's statistics extension for one model, or all (`GET v2/models[/NAME]/stats`):
+        per model version, cumulative counts and times, also per exact batch size."""
+        found = await self._call("statistics", self._triton().get_inference_statistics(model))
+        stats: list[dict[str, Any]] = found.get("model_stats", [])
+        return stats
+
     async def metrics_text(self) -> str:
         """Triton's Prometheus metrics page."""
         if self._session is None:
