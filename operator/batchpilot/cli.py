@@ -7,6 +7,7 @@ import asyncio
 import datetime
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -61,7 +62,42 @@ def _run(arguments: argparse.Namespace) -> int:
             metrics_urls=arguments.triton_metrics,
             interval=arguments.interval,
             listen=running.parse_listen(arguments.listen),
+            sidecar_urls=arguments.sidecar,
             ticks=arguments.ticks,
+        )
+    )
+
+
+def _sidecar(arguments: argparse.Namespace) -> int:
+    # The sidecar's package is loaded only here, like the demo's.
+    from batchpilot import running
+    from batchpilot_sidecar import collecting, recommending, serving
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    listen = running.parse_listen(arguments.listen)
+    if listen is None:
+        raise ValueError("--listen none: the sidecar exists to serve; give HOST:PORT")
+    objective = (
+        recommending.Objective(p95_ms=arguments.slo_p95_ms) if arguments.slo_p95_ms else None
+    )
+    models = [name for name in (arguments.models or "").split(",") if name]
+    return asyncio.run(
+        serving.run_sidecar(
+            triton_url=arguments.triton_url,
+            metrics_url=arguments.metrics_url,
+            listen=listen,
+            settings=collecting.Settings(
+                interval=arguments.interval,
+                rate_window=arguments.rate_window,
+                fit_window=arguments.fit_window,
+                max_models=arguments.max_models,
+            ),
+            dcgm_url=arguments.dcgm_url,
+            pod=arguments.pod_name,
+            default_objective=objective,
+            models=models,
         )
     )
 
@@ -109,7 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser(
         "run",
         help="make Triton servers follow a policy, without Kubernetes",
-        description="Each tick: read load signals from Triton's metrics, decide, and apply the "
+        description="Each tick: read load signals (from Triton's metrics, or from sidecars with "
+        "--sidecar), decide, and apply the "
         "decided profile to every server, one after another, repairing drift (e.g. after a "
         "server restart). Stops cleanly on SIGTERM or Ctrl-C.",
     )
@@ -129,6 +166,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="URL",
         help="Triton metrics URL per --triton, in the same order (default: same host, port 8002)",
     )
+    run.add_argument(
+        "--sidecar",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a batchpilot sidecar, e.g. http://10.0.0.5:9400 (repeatable): load signals and "
+        "the SLO autotune recommendation come from the sidecars when spec.load.source is "
+        "sidecar (the default)",
+    )
     run.add_argument("--interval", type=float, default=5.0, help="seconds between ticks")
     run.add_argument(
         "--listen",
@@ -137,6 +183,57 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--ticks", type=int, help=argparse.SUPPRESS)
     run.set_defaults(handler=_run)
+
+    sidecar = commands.add_parser(
+        "sidecar",
+        help="GPU and Triton telemetry next to one Triton server, with recommendations",
+        description="Every interval: read NVML (or a DCGM exporter), Triton's metrics and its "
+        "statistics extension; fit each model's step time t0 + c*b^alpha; serve /metrics "
+        "(batchpilot_sidecar_*), /status (JSON; ?sloP95Ms=... for a queue-delay "
+        "recommendation) and /healthz. Works without a GPU and says so. Stops cleanly on "
+        "SIGTERM or Ctrl-C.",
+    )
+    sidecar.add_argument(
+        "--triton-url",
+        required=True,
+        metavar="URL",
+        help="Triton HTTP endpoint, e.g. http://127.0.0.1:8000",
+    )
+    sidecar.add_argument(
+        "--metrics-url", metavar="URL", help="Triton metrics (default: same host, port 8002)"
+    )
+    sidecar.add_argument(
+        "--listen", default="0.0.0.0:9400", help="HOST:PORT for /metrics, /status, /healthz"
+    )
+    sidecar.add_argument("--interval", type=float, default=1.0, help="seconds between readings")
+    sidecar.add_argument(
+        "--dcgm-url", metavar="URL", help="a DCGM exporter's /metrics, used when NVML gives nothing"
+    )
+    sidecar.add_argument(
+        "--pod-name",
+        default=os.environ.get("POD_NAME") or os.environ.get("HOSTNAME"),
+        help="keep only this pod's GPUs on a DCGM page that maps pods (default: $POD_NAME, "
+        "else $HOSTNAME)",
+    )
+    sidecar.add_argument(
+        "--slo-p95-ms",
+        type=float,
+        metavar="MS",
+        help="p95 objective for the recommendation gauges on /metrics (/status takes its own)",
+    )
+    sidecar.add_argument(
+        "--models", metavar="A,B", help="only these models (default: every model Triton serves)"
+    )
+    sidecar.add_argument(
+        "--max-models", type=int, default=64, help="most models tracked at once (memory bound)"
+    )
+    sidecar.add_argument(
+        "--rate-window", type=float, default=10.0, help="seconds over which rates are reported"
+    )
+    sidecar.add_argument(
+        "--fit-window", type=float, default=600.0, help="seconds of step-time observations fitted"
+    )
+    sidecar.set_defaults(handler=_sidecar)
 
     demo = commands.add_parser(
         "demo",
