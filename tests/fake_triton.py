@@ -42,7 +42,7 @@ class FakeModel:
         self.inferences += executions * batch_size
         self.executions += executions
         self.queue_us += requests * queue_ms * 1000
-        self.compute_us += executions * step_ms * 1000
+        self.compute_us += requests * step_ms * 1000  # every request accrues its batch's
         self.request_us += requests * (queue_ms + step_ms) * 1000
         count, nanoseconds = self.batch_stats.get(batch_size, [0, 0])
         self.batch_stats[batch_size] = [

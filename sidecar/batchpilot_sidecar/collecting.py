@@ -198,6 +198,16 @@ class ModelState:
         since = now - self._settings.rate_window
         return sum_rates([rates for at, rates in self.intervals if at > since])
 
+    def compute_ms_per_execution(self, now: float) -> float | None:
+        """Mean compute time of the executions in the rate window, from the batch stats (the
+        metrics page adds a batch's compute time to each of its requests)."""
+        since = now - self._settings.rate_window
+        recent = [observation for at, observation in self.observations if at > since]
+        executions = sum(observation.executions for observation in recent)
+        if not executions:
+            return None
+        return sum(o.executions * o.mean_ms for o in recent) / executions
+
     def add_totals(self, now: float, totals: BatchTotals) -> None:
         if self.totals is not None:
             if _was_reset(self.totals, totals):

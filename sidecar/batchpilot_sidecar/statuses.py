@@ -278,6 +278,7 @@ def _model(
         ),
         "window": _window(rates),
         **_rates(rates),
+        "computeMsPerExecution": _round(state.compute_ms_per_execution(now)),
         "latencyMs": {
             **{name: _round(value) for name, value in estimate.quantiles_ms.items()},
             "source": estimate.source,
@@ -321,7 +322,7 @@ def _rates(rates: scraping.ModelRates | None) -> dict[str, Any]:
         "executionRate": _round(counted.executions / seconds),
         "averageBatchSize": _round(counted.average_batch_size),
         "queueMsPerRequest": _round(counted.queue_ms_per_request),
-        "computeMsPerExecution": _round(counted.compute_ms_per_execution),
+        "computeMsPerRequest": _round(counted.compute_ms_per_request),
         "pendingRequests": rates.pending,
     }
 
@@ -358,6 +359,10 @@ def _step_time(state: collecting.ModelState, now: float) -> dict[str, Any]:
         "span": _round(fit.span),
         "executions": fit.executions,
         "outliers": list(fit.outliers),
+        "points": [
+            {"batchSize": p.batch_size, "medianMs": _round(p.median_ms), "executions": p.executions}
+            for p in fit.points
+        ],
         "observations": observations,
         "fittedAgoSeconds": _round(now - state.fitted_at) if state.fitted_at is not None else None,
     }

@@ -78,6 +78,13 @@ class StepTimeModel:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Point:
+    batch_size: int
+    median_ms: float
+    executions: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class Fit:
     model: StepTimeModel
     r_squared: float
@@ -88,6 +95,8 @@ class Fit:
     executions: int
     outliers: tuple[int, ...]
     """Batch sizes whose medians the robust weights mostly discounted."""
+    points: tuple[Point, ...] = ()
+    """What was fitted: per batch size, the median step time and the executions behind it."""
 
     @property
     def span(self) -> float:
@@ -154,6 +163,10 @@ def fit(
         executions=int(n.sum()),
         outliers=tuple(
             size for size, weight in zip(sizes, robust, strict=True) if weight < _OUTLIER_WEIGHT
+        ),
+        points=tuple(
+            Point(batch_size=size, median_ms=float(median), executions=counts[size])
+            for size, median in zip(sizes, y, strict=True)
         ),
     )
 

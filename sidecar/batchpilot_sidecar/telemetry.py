@@ -214,9 +214,10 @@ def _model_families(
         families.add("average_batch_size", model, counted.average_batch_size)
         queue_ms = counted.queue_ms_per_request
         families.add("queue_seconds_per_request", model, _seconds(queue_ms))
-        compute_ms = counted.compute_ms_per_execution
-        families.add("compute_seconds_per_execution", model, _seconds(compute_ms))
         families.add("pending_requests", model, rates.pending)
+    families.add(
+        "compute_seconds_per_execution", model, _seconds(state.compute_ms_per_execution(now))
+    )
     latency = statuses.latency(rates, summaries_enabled=collector.summaries_enabled)
     for quantile_name, value in latency.quantiles_ms.items():
         quantile = str(statuses.QUANTILES[quantile_name])

@@ -5,54 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from batchpilot_sidecar import collecting, gpus, steptimes
-from fake_nvml import FakeGpu, FakeNvml
+from batchpilot_sidecar import collecting, steptimes
 from fake_triton import FakeModel, FakeTriton
-
-TRUTH = steptimes.StepTimeModel(t0_ms=4.0, c_ms=0.35, alpha=0.7)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def no_gpu() -> gpus.GpuMonitor:
-    def missing() -> object:
-        raise ModuleNotFoundError("No module named 'pynvml'")
-
-    return gpus.GpuMonitor(gpus.NvmlReader(load=missing))
-
-
-def one_gpu() -> gpus.GpuMonitor:
-    library = FakeNvml(FakeGpu())
-    return gpus.GpuMonitor(gpus.NvmlReader(load=lambda: library))
-
-
-def make_collector(
-    triton: FakeTriton,
-    clock: Clock,
-    *,
-    monitor: gpus.GpuMonitor | None = None,
-    models: tuple[str, ...] = (),
-    **settings: float,
-) -> collecting.Collector:
-    return collecting.Collector(
-        triton,
-        monitor or no_gpu(),
-        models=models,
-        settings=collecting.Settings(**settings),  # type: ignore[arg-type]
-        clock=clock,
-        wall_clock=lambda: 1_795_000_000.0 + clock.now,
-    )
-
-
-async def tick(collector: collecting.Collector, clock: Clock, seconds: float = 1.0) -> None:
-    clock.now += seconds
-    await collector.collect()
+from sidecar_builders import TRUTH, Clock, make_collector, one_gpu, tick
 
 
 async def test_rates_and_step_time_points_come_from_the_increase_between_readings() -> None:
@@ -71,7 +26,8 @@ async def test_rates_and_step_time_points_come_from_the_increase_between_reading
     assert rates.seconds == 1.0
     assert rates.request_rate == 200
     assert rates.counted.average_batch_size == 4
-    assert rates.counted.compute_ms_per_execution == pytest.approx(5.2)
+    assert rates.counted.compute_ms_per_request == pytest.approx(5.2)
+    assert state.compute_ms_per_execution(clock.now) == pytest.approx(5.2)
     assert rates.counted.queue_ms_per_request == pytest.approx(2.0)
     assert rates.pending == 3
     assert [o for _, o in state.observations] == [

@@ -85,8 +85,10 @@ class ModelCounters:
         return self.request_us / self.requests / 1000 if self.requests else None
 
     @property
-    def compute_ms_per_execution(self) -> float | None:
-        return self.compute_infer_us / self.executions / 1000 if self.executions else None
+    def compute_ms_per_request(self) -> float | None:
+        """Triton adds a batch's compute time to every request in it, so this is the compute
+        time a request saw; per execution it takes the statistics extension's batch stats."""
+        return self.compute_infer_us / self.requests / 1000 if self.requests else None
 
 
 @dataclass(frozen=True)
