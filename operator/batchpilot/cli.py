@@ -7,13 +7,13 @@ import asyncio
 import datetime
 import json
 import logging
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from batchpilot import __version__, explaining
 from batchpilot.policy import documents, specs
+from batchpilot_sidecar import commands as sidecar_commands
 
 
 def _read_named_policy(path: Path) -> documents.NamedPolicy:
@@ -69,37 +69,10 @@ def _run(arguments: argparse.Namespace) -> int:
 
 
 def _sidecar(arguments: argparse.Namespace) -> int:
-    # The sidecar's package is loaded only here, like the demo's.
-    from batchpilot import running
-    from batchpilot_sidecar import collecting, recommending, serving
-
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    listen = running.parse_listen(arguments.listen)
-    if listen is None:
-        raise ValueError("--listen none: the sidecar exists to serve; give HOST:PORT")
-    objective = (
-        recommending.Objective(p95_ms=arguments.slo_p95_ms) if arguments.slo_p95_ms else None
-    )
-    models = [name for name in (arguments.models or "").split(",") if name]
-    return asyncio.run(
-        serving.run_sidecar(
-            triton_url=arguments.triton_url,
-            metrics_url=arguments.metrics_url,
-            listen=listen,
-            settings=collecting.Settings(
-                interval=arguments.interval,
-                rate_window=arguments.rate_window,
-                fit_window=arguments.fit_window,
-                max_models=arguments.max_models,
-            ),
-            dcgm_url=arguments.dcgm_url,
-            pod=arguments.pod_name,
-            default_objective=objective,
-            models=models,
-        )
-    )
+    return sidecar_commands.run(arguments)
 
 
 def _demo(arguments: argparse.Namespace) -> int:
@@ -187,52 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
     sidecar = commands.add_parser(
         "sidecar",
         help="GPU and Triton telemetry next to one Triton server, with recommendations",
-        description="Every interval: read NVML (or a DCGM exporter), Triton's metrics and its "
-        "statistics extension; fit each model's step time t0 + c*b^alpha; serve /metrics "
-        "(batchpilot_sidecar_*), /status (JSON; ?sloP95Ms=... for a queue-delay "
-        "recommendation) and /healthz. Works without a GPU and says so. Stops cleanly on "
-        "SIGTERM or Ctrl-C.",
+        description=sidecar_commands.DESCRIPTION,
     )
-    sidecar.add_argument(
-        "--triton-url",
-        required=True,
-        metavar="URL",
-        help="Triton HTTP endpoint, e.g. http://127.0.0.1:8000",
-    )
-    sidecar.add_argument(
-        "--metrics-url", metavar="URL", help="Triton metrics (default: same host, port 8002)"
-    )
-    sidecar.add_argument(
-        "--listen", default="0.0.0.0:9400", help="HOST:PORT for /metrics, /status, /healthz"
-    )
-    sidecar.add_argument("--interval", type=float, default=1.0, help="seconds between readings")
-    sidecar.add_argument(
-        "--dcgm-url", metavar="URL", help="a DCGM exporter's /metrics, used when NVML gives nothing"
-    )
-    sidecar.add_argument(
-        "--pod-name",
-        default=os.environ.get("POD_NAME") or os.environ.get("HOSTNAME"),
-        help="keep only this pod's GPUs on a DCGM page that maps pods (default: $POD_NAME, "
-        "else $HOSTNAME)",
-    )
-    sidecar.add_argument(
-        "--slo-p95-ms",
-        type=float,
-        metavar="MS",
-        help="p95 objective for the recommendation gauges on /metrics (/status takes its own)",
-    )
-    sidecar.add_argument(
-        "--models", metavar="A,B", help="only these models (default: every model Triton serves)"
-    )
-    sidecar.add_argument(
-        "--max-models", type=int, default=64, help="most models tracked at once (memory bound)"
-    )
-    sidecar.add_argument(
-        "--rate-window", type=float, default=10.0, help="seconds over which rates are reported"
-    )
-    sidecar.add_argument(
-        "--fit-window", type=float, default=600.0, help="seconds of step-time observations fitted"
-    )
+    sidecar_commands.add_arguments(sidecar)
     sidecar.set_defaults(handler=_sidecar)
 
     demo = commands.add_parser(

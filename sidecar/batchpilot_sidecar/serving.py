@@ -27,6 +27,14 @@ HEALTHY_INTERVALS = 5
 MIN_HEALTHY_SECONDS = 15.0
 
 
+def parse_listen(text: str) -> tuple[str, int]:
+    """`HOST:PORT` to serve on; an empty host means every address."""
+    host, separator, port = text.rpartition(":")
+    if not separator or not port.isdigit():
+        raise ValueError(f"--listen {text!r}: expected HOST:PORT, e.g. 0.0.0.0:9400")
+    return host.strip("[]") or "0.0.0.0", int(port)  # noqa: S104 - the user asked for all
+
+
 def application(
     collector: collecting.Collector,
     *,

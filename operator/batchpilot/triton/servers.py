@@ -9,14 +9,17 @@ from __future__ import annotations
 import asyncio
 import json
 import types
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 from urllib.parse import urlsplit
 
 import aiohttp
 import tritonclient.http.aio as triton_http
 from tritonclient.utils import InferenceServerException
 
-from batchpilot.triton.modelconfigs import ModelConfig
+if TYPE_CHECKING:
+    # Only the type: at run time modelconfigs brings the policy models (and their calendar
+    # library) along, which the sidecar, a client of this module, has no use for.
+    from batchpilot.triton.modelconfigs import ModelConfig
 
 # What Triton answers to a load or unload when it is not in explicit model-control mode.
 _NOT_EXPLICIT = "explicit model load / unload is not allowed"
