@@ -48,6 +48,8 @@ BatchTotals = Mapping[int, tuple[int, int]]
 
 @dataclass(frozen=True, kw_only=True)
 class Settings:
+    """How often the collector reads, and how much it keeps (seconds, counts)."""
+
     interval: float = 1.0
     rate_window: float = 10.0
     fit_window: float = 600.0
@@ -183,6 +185,7 @@ class ModelState:
         self.step_time: steptimes.Fit | steptimes.NotEnoughData = steptimes.fit(())
         self.fitted_at: float | None = None
         self.fit_due = False
+        """Observations came or went since the last fit (refits wait for `fit_every`)."""
         self.config: ServedConfig | None = None
         self.config_read_at: float | None = None
         self.config_error: str | None = None

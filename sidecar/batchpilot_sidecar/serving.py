@@ -94,22 +94,24 @@ async def run_sidecar(
         access_log=None,
     )
     await runner.setup()
-    host, port = listen
-    await web.TCPSite(runner, host, port).start()
-
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    logger.info(
-        "sidecar for %s (metrics %s) serving on %s:%d; every %gs",
-        triton.url,
-        triton.metrics_url,
-        host,
-        port,
-        settings.interval,
-    )
+    host, port = listen
     try:
+        try:
+            await web.TCPSite(runner, host, port).start()
+        except OSError as error:
+            raise ValueError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+        logger.info(
+            "sidecar for %s (metrics %s) serving on %s:%d; every %gs",
+            triton.url,
+            triton.metrics_url,
+            host,
+            port,
+            settings.interval,
+        )
         await collector.run(stop)
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):

@@ -347,6 +347,7 @@ def _step_time(state: collecting.ModelState, now: float) -> dict[str, Any]:
             "reason": fit.reason,
             "batchSizes": list(fit.batch_sizes),
             "observations": observations,
+            "upToDate": not state.fit_due,
         }
     return {
         "status": "fitted",
@@ -364,6 +365,7 @@ def _step_time(state: collecting.ModelState, now: float) -> dict[str, Any]:
             for p in fit.points
         ],
         "observations": observations,
+        "upToDate": not state.fit_due,
         "fittedAgoSeconds": _round(now - state.fitted_at) if state.fitted_at is not None else None,
     }
 

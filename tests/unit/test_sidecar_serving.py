@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,8 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from batchpilot_sidecar import recommending, statuses, telemetry
+from batchpilot import cli
+from batchpilot_sidecar import collecting, recommending, serving, statuses, telemetry
 from fake_nvml import GIB, FakeGpu
 from fake_triton import FakeModel, FakeTriton
 from sidecar_builders import TRUTH, Clock, fitted, make_collector, one_gpu, serving_app, tick
@@ -61,6 +63,8 @@ async def test_status_reports_rates_fit_and_a_recommendation_for_the_callers_obj
     assert step["alpha"] == pytest.approx(0.7, rel=0.01)
     assert step["rSquared"] > 0.999
     assert step["batchSizes"] == [1, 2, 4, 8, 16, 32, 64, 128]
+    assert step["upToDate"] is True
+    assert [point["batchSize"] for point in step["points"]] == step["batchSizes"]
     recommendation = served["recommendation"]
     assert recommendation["status"] == "ok"
     assert recommendation["preferredBatchSize"] == 32
@@ -283,3 +287,33 @@ def test_the_readme_documents_every_metric() -> None:
     documented = set(re.findall(r"`(batchpilot_sidecar_[a-z_]+)`", readme))
     exported = {telemetry.exported_name(family) for family in telemetry.FAMILIES.values()}
     assert documented == exported
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--listen", "9400"], "expected HOST:PORT"),
+        (["--interval", "0"], "interval must be positive"),
+        (["--slo-p95-ms", "-5"], "must be positive"),
+    ],
+)
+def test_the_command_refuses_what_cannot_work(
+    arguments: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status = cli.main(["sidecar", "--triton-url", "http://127.0.0.1:1", *arguments])
+    assert status == 2
+    assert message in capsys.readouterr().err
+
+
+async def test_a_port_in_use_is_an_error_not_a_traceback() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ValueError, match=f"cannot listen on 127.0.0.1:{port}"):
+            await serving.run_sidecar(
+                triton_url="http://127.0.0.1:1",
+                metrics_url=None,
+                listen=("127.0.0.1", port),
+                settings=collecting.Settings(),
+            )

@@ -135,7 +135,7 @@ def objective_query(slo: specs.Slo | None) -> dict[str, str]:
 
 
 class SidecarError(Exception):
-    pass
+    """A sidecar did not answer, or not with a status document."""
 
 
 class SidecarSource:
