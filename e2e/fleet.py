@@ -39,7 +39,12 @@ def triton_pod(
                         client.V1ContainerPort(name="http", container_port=8000),
                         client.V1ContainerPort(name="metrics", container_port=8002),
                     ],
-                )
+                ),
+                client.V1Container(
+                    name="batchpilot-sidecar",
+                    image="registry.invalid/batchpilot/sidecar:0",
+                    ports=[client.V1ContainerPort(name="sidecar", container_port=9400)],
+                ),
             ],
             readiness_gates=[client.V1PodReadinessGate(condition_type=GATE)] if gated else None,
             termination_grace_period_seconds=5,
@@ -55,12 +60,17 @@ def http_json(url: str, *, timeout: float = 2.0) -> Any:
         return None
 
 
-def triton_ready(ip: str) -> bool:
+def answers(url: str) -> bool:
     try:
-        with urllib.request.urlopen(f"http://{ip}:8000/v2/health/ready", timeout=2) as response:
+        with urllib.request.urlopen(url, timeout=2) as response:
             return bool(response.status == 200)
     except (urllib.error.URLError, OSError):
         return False
+
+
+def triton_ready(ip: str) -> bool:
+    """Triton serves, and so does the sidecar beside it."""
+    return answers(f"http://{ip}:8000/v2/health/ready") and answers(f"http://{ip}:9400/healthz")
 
 
 def start_tritons(

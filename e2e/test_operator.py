@@ -159,8 +159,9 @@ async def _burst(
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.parametrize("source", ["sidecar", "triton"])
 def test_load_rule_switches_under_a_burst_and_back_after_it(
-    kube: Kube, namespace: str, start_operator: StartOperator
+    kube: Kube, namespace: str, start_operator: StartOperator, source: str
 ) -> None:
     hold, dwell = 4, 12
     ips = fleet.start_tritons(kube, namespace, 2)
@@ -175,7 +176,11 @@ def test_load_rule_switches_under_a_burst_and_back_after_it(
     operators.apply_policy(
         kube,
         namespace,
-        policy(defaultProfile="interactive", minDwellSeconds=dwell, load={"rules": [rule]}),
+        policy(
+            defaultProfile="interactive",
+            minDwellSeconds=dwell,
+            load={"source": source, "rules": [rule]},
+        ),
     )
     waiting.wait_for("interactive everywhere", everyone_serves(ips, "interactive"), timeout=30)
     # Let the dwell of the first switch to interactive pass before the burst.
@@ -192,7 +197,7 @@ def test_load_rule_switches_under_a_burst_and_back_after_it(
     to_bulk = next(at for at, profile in seen if profile == "bulk")
     back = next(at for at, profile in seen if profile == "interactive" and at > to_bulk)
     print(
-        f"\nbulk {to_bulk - burst_started:.1f}s into the burst, interactive again "
+        f"\n{source}: bulk {to_bulk - burst_started:.1f}s into the burst, interactive again "
         f"{back - burst_ended:.1f}s after it ({back - to_bulk:.1f}s in bulk); "
         + "; ".join(summary.describe() for summary in summaries)
     )

@@ -43,6 +43,7 @@ RESTART_BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0)
 TRITON_HTTP_PORT = 8000
 TRITON_GRPC_PORT = 8001
 TRITON_METRICS_PORT = 8002
+SIDECAR_PORT = 9400
 MODEL_REPOSITORY = locations.REPO_ROOT / "manifests" / "model-repository"
 
 
@@ -111,10 +112,26 @@ def triton_commands(pod: PodRequest, workspace: Workspace) -> tuple[Command, ...
     ]
     for model in pod.models:
         argv += ["--model", model]
-    return (Command(container="triton", argv=tuple(argv), cwd=workspace.directory),)
+    # The batchpilot sidecar beside it, as in the chart's example Deployment.
+    sidecar = (
+        sys.executable,
+        "-m",
+        "batchpilot_sidecar",
+        "--triton-url",
+        f"http://{pod.ip}:{TRITON_HTTP_PORT}",
+        "--listen",
+        f"{pod.ip}:{SIDECAR_PORT}",
+        # Rates over 5 s rather than 10: the e2e bursts last seconds.
+        "--rate-window",
+        "5",
+    )
+    return (
+        Command(container="triton", argv=tuple(argv), cwd=workspace.directory),
+        Command(container="batchpilot-sidecar", argv=sidecar, cwd=workspace.directory),
+    )
 
 
-# A runtime may run several processes (a sidecar next to Triton, say): return one Command each.
+# A runtime may run several processes (Triton and its sidecar): one Command each.
 RUNTIMES: Mapping[str, CommandBuilder] = {
     "http-echo": http_echo_commands,
     "triton": triton_commands,

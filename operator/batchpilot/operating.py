@@ -25,7 +25,7 @@ from batchpilot.kube import pods as kube_pods
 from batchpilot.kube import policies
 from batchpilot.kube.pods import Target
 from batchpilot.policy import specs
-from batchpilot.signals import prometheus, sources
+from batchpilot.signals import prometheus, sidecars, sources
 from batchpilot.triton import fleets
 
 logger = logging.getLogger("batchpilot.operator")
@@ -54,20 +54,35 @@ def kubernetes_api() -> kubernetes.client.ApiClient:
 
 
 def signal_sources(fleet: fleets.TritonFleet) -> reconciling.SignalSourceFactory:
-    """Where a policy's signals come from: its Prometheus, or its targets themselves."""
+    """Where a policy's signals come from: the sidecars next to its targets (the default),
+    the targets' own Triton metrics, or its Prometheus."""
 
     def build(
         namespace: str, policy: specs.BatchPolicySpec, targets: Sequence[Target]
     ) -> reconciling.SignalSource:
-        if policy.load and policy.load.source == "prometheus" and policy.load.prometheus:
+        source = policy.load.source if policy.load else "sidecar"
+        if source == "prometheus" and policy.load and policy.load.prometheus:
             return prometheus.PrometheusSource(
                 policy.load.prometheus.url,
                 namespace=namespace,
                 pods=[target.name for target in targets],
                 models=policy.target.models,
             )
-        return sources.TritonMetricsSource(
-            [fleet.server(target.http_url) for target in targets], models=policy.target.models
+        if source == "triton":
+            return sources.TritonMetricsSource(
+                [fleet.server(target.http_url) for target in targets],
+                models=policy.target.models,
+            )
+        return sidecars.SidecarSource(
+            [target.sidecar_url for target in targets if target.sidecar_url],
+            models=policy.target.models,
+            slo=policy.slo,
+            known_problems=[
+                f"pod {target.name}: no container port named "
+                f"{policy.target.sidecar_port!r} for the sidecar; left out"
+                for target in targets
+                if not target.sidecar_url
+            ],
         )
 
     return build
@@ -131,6 +146,7 @@ class Controller:
                     task.cancel()
         finally:
             self.wakeups.pop((namespace, name), None)
+            await state.close_source()
 
     async def _once(
         self, namespace: str, name: str, body: Mapping[str, Any], state: reconciling.PolicyMemory

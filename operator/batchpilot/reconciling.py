@@ -37,6 +37,8 @@ class PodSource(Protocol):
 class SignalSource(Protocol):
     async def read(self) -> sources.Reading: ...
 
+    async def close(self) -> None: ...
+
 
 SignalSourceFactory = Callable[[str, specs.BatchPolicySpec, Sequence[Target]], SignalSource]
 """Builds the signal source for (namespace, policy, targets)."""
@@ -72,6 +74,11 @@ class PolicyMemory:
 
     def forget(self, key: str) -> None:
         self.announced.pop(key, None)
+
+    async def close_source(self) -> None:
+        if self.source is not None:
+            source, self.source = self.source, None
+            await source.close()
 
 
 @dataclass(frozen=True)
@@ -247,8 +254,10 @@ class Reconciler:
             return sources.Reading(signals=decisions.Signals())
         prometheus = policy.load.prometheus.url if policy.load and policy.load.prometheus else ""
         source = policy.load.source if policy.load else "sidecar"
-        key = (source, prometheus, *(t.http_url for t in targets))
+        slo = policy.slo.model_dump_json() if policy.slo else ""
+        key = (source, prometheus, slo, *(f"{t.http_url} {t.sidecar_url}" for t in targets))
         if state.source is None or state.source_key != key:
+            await state.close_source()
             state.source = self.signal_source(namespace, policy, targets)
             state.source_key = key
         try:

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 from typing import Any
 
+import operator_fakes
 import pytest
 
-from batchpilot import operating, reconciling, telemetry
+from batchpilot import local_triton, operating, reconciling, telemetry
+from batchpilot.kube.pods import Target
+from batchpilot.policy import specs
+from batchpilot.signals import prometheus, sidecars, sources
+from batchpilot.triton import fleets
 from builders import spec_document
 
 START = datetime.datetime(2026, 11, 24, 15, tzinfo=datetime.UTC)
@@ -173,3 +179,49 @@ def test_selector_semantics(
     selector: dict[str, Any], labels: dict[str, str], selected: bool
 ) -> None:
     assert operating.selects(selector, labels) is selected
+
+
+def sidecar_target(name: str, sidecar_port: int | None) -> Target:
+    return dataclasses.replace(
+        operator_fakes.target(name, ip="127.0.0.1"), sidecar_port=sidecar_port
+    )
+
+
+async def test_signals_come_from_the_sidecars_by_default_and_name_pods_without_one() -> None:
+    build = operating.signal_sources(fleets.TritonFleet())
+    document = spec_document(
+        load={"rules": [{"profile": "bulk", "metric": "queueDepth", "above": 8}]}
+    )
+    document["target"]["sidecarPort"] = "sidecar"
+    policy = specs.BatchPolicySpec.model_validate(document)
+    (silent_port,) = local_triton.free_ports("127.0.0.1", 1)
+    targets = [sidecar_target("pod-1", silent_port), sidecar_target("pod-2", None)]
+    source = build("ns", policy, targets)
+    assert isinstance(source, sidecars.SidecarSource)
+    reading = await source.read()  # nothing listens at the sidecar port: a problem, not zeros
+    await source.close()
+    assert reading.signals.metrics == {}
+    assert reading.problems[0] == (
+        "pod pod-2: no container port named 'sidecar' for the sidecar; left out"
+    )
+    assert f"sidecar http://127.0.0.1:{silent_port}" in reading.problems[1]
+
+
+@pytest.mark.parametrize(
+    ("load", "kind"),
+    [
+        ({"source": "triton"}, sources.TritonMetricsSource),
+        (
+            {"source": "prometheus", "prometheus": {"url": "http://prometheus:9090"}},
+            prometheus.PrometheusSource,
+        ),
+    ],
+)
+async def test_signals_from_triton_or_prometheus_when_the_policy_says_so(
+    load: dict[str, Any], kind: type
+) -> None:
+    build = operating.signal_sources(fleets.TritonFleet())
+    policy = specs.BatchPolicySpec.model_validate(spec_document(load=load))
+    source = build("ns", policy, [sidecar_target("pod-1", 9400)])
+    assert isinstance(source, kind)
+    await source.close()

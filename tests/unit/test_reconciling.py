@@ -21,8 +21,13 @@ class FixedSignals:
     def __init__(self, metrics: dict[str, float], problems: tuple[str, ...] = ()) -> None:
         self.reading = sources.Reading(decisions.Signals(metrics), problems=problems)
 
+        self.closed = False
+
     async def read(self) -> sources.Reading:
         return self.reading
+
+    async def close(self) -> None:
+        self.closed = True
 
 
 def reconciler(
@@ -212,3 +217,25 @@ async def test_failed_target_is_degraded_and_reported_once() -> None:
 
 def test_spec_model_is_what_reconcile_parses() -> None:
     assert specs.BatchPolicySpec.model_validate(spec_document()).default_profile == "bulk"
+
+
+@pytest.mark.looptime
+async def test_a_new_signal_source_for_a_changed_objective_closes_the_old_one() -> None:
+    targets, fleet = two_servers()
+    built: list[FixedSignals] = []
+
+    def build(namespace: str, policy: specs.BatchPolicySpec, found: Any) -> FixedSignals:
+        built.append(FixedSignals({}))
+        return built[-1]
+
+    subject = reconciler(targets, fleet)
+    subject.signal_source = build
+    state = reconciling.PolicyMemory()
+    rules = {"rules": [{"profile": "bulk", "metric": "queueDepth", "above": 8}]}
+    await reconcile(subject, spec_document(load=rules, slo={"p95LatencyMs": 50}), state=state)
+    await reconcile(subject, spec_document(load=rules, slo={"p95LatencyMs": 50}), state=state)
+    assert len(built) == 1
+    await reconcile(subject, spec_document(load=rules, slo={"p95LatencyMs": 80}), state=state)
+    assert [source.closed for source in built] == [True, False]
+    await state.close_source()
+    assert built[1].closed

@@ -334,8 +334,10 @@ class PrometheusSource(Model):
 class Load(Model):
     """Load rules: switch profiles on live signals, with hysteresis."""
 
-    source: Literal["sidecar", "prometheus"] = "sidecar"
-    """Where signals come from: the batchpilot sidecars (default) or a Prometheus server."""
+    source: Literal["sidecar", "triton", "prometheus"] = "sidecar"
+    """Where signals come from: the batchpilot sidecar on each Pod (default; also the only
+    source of autotune recommendations), Triton's own metrics endpoint on each Pod (no sidecar
+    needed), or a Prometheus server that scrapes them."""
     prometheus: PrometheusSource | None = None
     """Prometheus to query; required when source is prometheus."""
     rules: Annotated[list[LoadRule], Field(max_length=32)] = []

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
-from requests import RequestException
+from requests import RequestException, Session
 from urllib3.util.retry import Retry
 
 from batchpilot.policy import decisions
@@ -72,9 +72,15 @@ class PrometheusSource:
         window: str = "1m",
         timeout: float = 5.0,
     ) -> None:
+        # Our own session, so close() can release its connections when the policy goes.
+        self._session = Session()
         # One quick retry at most: a tick that cannot read Prometheus reports it and moves on.
         self._client = PrometheusConnect(
-            url=url, disable_ssl=False, timeout=int(timeout) or 1, retry=Retry(total=1)
+            url=url,
+            disable_ssl=False,
+            timeout=int(timeout) or 1,
+            retry=Retry(total=1),
+            session=self._session,
         )
         self._url = url
         self._timeout = timeout
@@ -105,3 +111,6 @@ class PrometheusSource:
             elif answer is not None:
                 metrics[name] = answer
         return sources.Reading(signals=decisions.Signals(metrics), problems=tuple(problems[:1]))
+
+    async def close(self) -> None:
+        self._session.close()

@@ -148,8 +148,10 @@ class SidecarSource:
         models: Collection[str],
         slo: specs.Slo | None,
         timeout: float = 2.0,
+        known_problems: Sequence[str] = (),
     ) -> None:
         self._urls = [url.rstrip("/") for url in sidecar_urls]
+        self._known_problems = tuple(known_problems)
         self._models = models
         self._query = objective_query(slo)
         self._timeout = timeout
@@ -162,7 +164,7 @@ class SidecarSource:
         per_server: dict[str, Mapping[str, scraping.ModelRates]] = {}
         gpu_utilization: list[float] = []
         delays: list[int] = []
-        problems: list[str] = []
+        problems = list(self._known_problems)
         for url, status in zip(self._urls, found, strict=True):
             if isinstance(status, BaseException):
                 if not isinstance(status, SidecarError):
