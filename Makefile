@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: venv lint unit integration e2e test demo crds bench
+.PHONY: venv lint unit integration e2e e2e-kind kind-down test demo crds bench
 
 # The main job: a local Triton, the demo model, a policy and load; watch it switch.
 demo: venv
@@ -60,3 +60,12 @@ cluster-up: venv
 
 cluster-down:
 	$(PY) -m e2e.cluster down
+
+# The same e2e suite on kind, for machines with a Docker engine (not this project's CI machines):
+# builds kind and the three images, installs the chart, runs the suite. `make kind-down` after.
+e2e-kind: venv k8s-bins
+	$(PY) -m e2e.kind up
+	$(PY) -m e2e.kind test
+
+kind-down: venv
+	$(PY) -m e2e.kind down

@@ -19,7 +19,7 @@ from typing import Any
 import kubernetes.client
 import pytest
 
-from e2e import kubes, operators, waiting
+from e2e import fleet, kubes, operators, waiting
 from e2e.cluster import building, controlplane, locations, podnetwork
 
 ALLOWED_CONTEXTS = ("batchpilot-e2e", "kind-batchpilot")
@@ -131,6 +131,17 @@ def local_cluster(kube: kubes.Kube) -> controlplane.Cluster:
     if kube.local is None:
         pytest.skip("needs the local cluster (its pod runner); KUBECONFIG points elsewhere")
     return kube.local
+
+
+@pytest.fixture
+def triton_pods(kube: kubes.Kube) -> None:
+    """For tests that need Triton Pods that really run: the local cluster, or kind with the
+    images of `python -m e2e.kind`; skips elsewhere."""
+    if not fleet.pods_run_here(kube.local is not None):
+        pytest.skip(
+            "needs real Triton Pods: the local cluster's pod runner, or kind with "
+            f"${fleet.TRITON_IMAGE_ENV} (python -m e2e.kind test)"
+        )
 
 
 def _namespace_name(nodeid: str) -> str:

@@ -1,6 +1,8 @@
-"""Real Triton servers behind real Pods (run by the local cluster's pod runner), for e2e tests."""
+"""Real Triton servers behind real Pods, for e2e tests: run by the local cluster's pod runner, or,
+on kind, by the kubelet from the images that `python -m e2e.kind up` built."""
 
 import json
+import os
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
@@ -17,9 +19,28 @@ MODEL = "gpu_sim"
 PROFILE_PARAMETER = "batchpilot.dev/profile"
 
 
+# Set by `python -m e2e.kind test`: the images of real Triton Pods on kind.
+TRITON_IMAGE_ENV = "BATCHPILOT_E2E_TRITON_IMAGE"
+SIDECAR_IMAGE_ENV = "BATCHPILOT_E2E_SIDECAR_IMAGE"
+# Where the local pod runner runs the processes, kwok never pulls these.
+UNPULLED_TRITON = "registry.invalid/batchpilot/tritonserver:0"
+UNPULLED_SIDECAR = "registry.invalid/batchpilot/sidecar:0"
+
+
+def pods_run_here(local: bool) -> bool:
+    """Whether Triton Pods really run on this cluster: the local one, or kind with images."""
+    return local or bool(os.environ.get(TRITON_IMAGE_ENV))
+
+
 def triton_pod(
     name: str, *, labels: dict[str, str], gated: bool, models: Sequence[str] = (MODEL,)
 ) -> client.V1Pod:
+    model_arguments = [argument for model in models for argument in ("--model", model)]
+    sidecar_arguments = [
+        "--triton-url=http://127.0.0.1:8000",
+        "--listen=0.0.0.0:9400",
+        "--rate-window=5",
+    ]
     return client.V1Pod(
         metadata=client.V1ObjectMeta(
             name=name,
@@ -33,8 +54,9 @@ def triton_pod(
             containers=[
                 client.V1Container(
                     name="triton",
-                    # kwok never pulls it; the pod runner runs the real tritonserver instead.
-                    image="registry.invalid/batchpilot/tritonserver:0",
+                    image=os.environ.get(TRITON_IMAGE_ENV, UNPULLED_TRITON),
+                    image_pull_policy="Never",
+                    args=model_arguments,
                     ports=[
                         client.V1ContainerPort(name="http", container_port=8000),
                         client.V1ContainerPort(name="metrics", container_port=8002),
@@ -42,7 +64,9 @@ def triton_pod(
                 ),
                 client.V1Container(
                     name="batchpilot-sidecar",
-                    image="registry.invalid/batchpilot/sidecar:0",
+                    image=os.environ.get(SIDECAR_IMAGE_ENV, UNPULLED_SIDECAR),
+                    image_pull_policy="Never",
+                    args=sidecar_arguments,
                     ports=[client.V1ContainerPort(name="sidecar", container_port=9400)],
                 ),
             ],

@@ -23,7 +23,7 @@ from e2e import fleet, operators, waiting
 from e2e.kubes import Kube
 from e2e.operators import OperatorProcess
 
-pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("local_cluster")]
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("triton_pods")]
 
 StartOperator = Callable[..., OperatorProcess]
 
@@ -273,6 +273,7 @@ def test_dry_run_decides_and_reports_but_changes_no_server(
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.usefixtures("local_cluster")  # kills the pod runner's tritonserver process
 def test_restarted_triton_behind_a_pod_is_reapplied(
     kube: Kube, namespace: str, start_operator: StartOperator
 ) -> None:
