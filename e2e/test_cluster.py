@@ -1,6 +1,7 @@
 """The test cluster does what the operator's e2e tests will rely on."""
 
 import ipaddress
+import json
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from e2e import waiting
+from e2e import fleet, waiting
 from e2e.cluster import controlplane, podnetwork, podrunner
 from e2e.kubes import Kube
 
@@ -188,3 +189,28 @@ def test_pod_asking_for_an_unknown_runtime_gets_a_warning_and_nothing_runs(
     (event,) = waiting.wait_for("an E2ERejected event", warnings)
     assert "unknown runtime" in (event.message or "")
     assert ip not in podnetwork.addresses_in(local_cluster.pod_cidrs)
+
+
+@pytest.mark.timeout(120)
+def test_triton_pod_is_running_and_answers_inference_on_its_pod_ip(
+    kube: Kube, local_cluster: controlplane.Cluster, namespace: str
+) -> None:
+    ips = fleet.start_tritons(kube, namespace, 1)
+    (ip,) = ips.values()
+    pod = kube.core.read_namespaced_pod("triton-0", namespace)
+    assert pod.status is not None
+    assert pod.status.phase == "Running"
+    assert not ipaddress.ip_address(ip).is_loopback
+    body = json.dumps(
+        {"inputs": [{"name": "INPUT", "shape": [2, 16], "datatype": "FP32", "data": [0.5] * 32}]}
+    ).encode()
+    request = urllib.request.Request(
+        f"http://{ip}:8000/v2/models/{fleet.MODEL}/infer",
+        data=body,
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        answer = json.loads(response.read())
+    (output,) = answer["outputs"]
+    assert output["shape"] == [2, 16]
+    assert output["data"][0] == pytest.approx(0.4621, abs=1e-3)  # tanh(0.5)
