@@ -279,6 +279,9 @@ class Reconciler:
         reading: sources.Reading,
     ) -> None:
         metrics = self.metrics
+        telemetry.count_from_zero(
+            metrics, name, profiles=policy.profiles, reasons=telemetry.OPERATOR_APPLY_ERRORS
+        )
         if decision.switched:
             metrics.switches.labels(name, decision.profile).inc()
         metrics.decisions.labels(name, decision.source).inc()

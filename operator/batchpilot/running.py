@@ -88,6 +88,9 @@ class Runner:
         self.metrics = metrics
         self.clock = clock
         self.memory = decisions.Memory()
+        telemetry.count_from_zero(
+            metrics, name, profiles=spec.profiles, reasons=telemetry.RUNNER_APPLY_ERRORS
+        )
         self._server_memory = {server.url: _ServerMemory() for server in self.servers}
 
     async def tick(self) -> TickReport:

@@ -7,6 +7,7 @@ of alerts serve both. Names are documented in the README's metrics table.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -30,6 +31,18 @@ SIGNALS_UNAVAILABLE = f"{PREFIX}_signals_unavailable"
 SLO_P95_LATENCY = f"{PREFIX}_slo_p95_latency_seconds"
 QUEUE_DELAY = f"{PREFIX}_queue_delay_microseconds"
 NEXT_TRANSITION = f"{PREFIX}_next_transition_timestamp_seconds"
+
+RUNNER_APPLY_ERRORS = (
+    "unreachable",
+    "refused",
+    "rejected",
+    "rollback_failed",
+    "explicit_mode_required",
+    "model_unavailable",
+)
+"""The reasons the standalone runner counts failed applies by."""
+OPERATOR_APPLY_ERRORS = ("ApplyFailed", "RolledBack")
+"""The reasons the operator counts failed applies by (its event reasons)."""
 
 
 @dataclass(frozen=True)
@@ -81,8 +94,9 @@ def controller_metrics(registry: CollectorRegistry | None = None) -> ControllerM
         ),
         apply_errors=Counter(
             APPLY_ERRORS,
-            "Failed applies, by reason (unreachable, refused, rejected, rollback_failed, "
-            "explicit_mode_required, model_unavailable).",
+            "Failed applies, by reason (the runner: unreachable, refused, rejected, "
+            "rollback_failed, explicit_mode_required, model_unavailable; the operator: "
+            "ApplyFailed, RolledBack).",
             ["policy", "reason"],
             registry=registry,
         ),
@@ -125,6 +139,17 @@ def controller_metrics(registry: CollectorRegistry | None = None) -> ControllerM
             registry=registry,
         ),
     )
+
+
+def count_from_zero(
+    metrics: ControllerMetrics, policy: str, *, profiles: Iterable[str], reasons: Iterable[str]
+) -> None:
+    """Export a policy's counters from zero: `increase()` cannot see the first increment of a
+    series that appears at 1, so alerts would miss a first switch or a first failure."""
+    for profile in profiles:
+        metrics.switches.labels(policy, profile)
+    for reason in reasons:
+        metrics.apply_errors.labels(policy, reason)
 
 
 def set_objective(

@@ -166,6 +166,19 @@ async def test_load_signal_switches_the_profile() -> None:
 
 
 @pytest.mark.looptime
+async def test_counters_are_exported_from_zero_so_rates_see_the_first_event() -> None:
+    targets, fleet = two_servers()
+    subject = reconciler(targets, fleet)
+    await reconcile(subject, spec_document())
+    registry = subject.metrics.registry
+    for reason in ("ApplyFailed", "RolledBack"):
+        labels = {"policy": "fleet", "reason": reason}
+        assert registry.get_sample_value("batchpilot_apply_errors_total", labels) == 0
+    labels = {"policy": "fleet", "profile": "interactive"}
+    assert registry.get_sample_value("batchpilot_profile_switches_total", labels) == 0
+
+
+@pytest.mark.looptime
 async def test_latency_objective_is_exported_only_while_it_governs_the_profile() -> None:
     targets, fleet = two_servers()
     slo = {"p95LatencyMs": 50, "profiles": ["interactive"]}
