@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: venv lint unit integration e2e e2e-kind kind-down test demo crds bench
+.PHONY: venv deps lint unit integration e2e e2e-kind kind-down test demo crds chart helm-lint dashboard-png bench
 
 # The main job: a local Triton, the demo model, a policy and load; watch it switch.
 demo: venv
@@ -28,10 +28,35 @@ lint: venv
 crds: venv
 	$(PY) -m batchpilot.crds crds/batchpolicy.yaml
 
+# Everything generated for the chart and the plain install: the alert rules (Prometheus and
+# Grafana), the dashboard, the chart's copy of crds/ (batchpilot.observability), then
+# manifests/install.yaml and manifests/rbac.yaml from `helm template` (e2e.charts).
+chart: venv k8s-bins
+	$(PY) -m batchpilot.observability
+	$(PY) -m e2e.charts
+
+helm-lint: venv k8s-bins
+	"$$($(PY) -c 'from e2e import charts; print(charts.helm_binary())')" lint --strict charts/batchpilot
+
+# The README's picture of the dashboard, drawn from a real Prometheus scraping a real Triton,
+# sidecar and runner (tests/integration/test_dashboard.py).
+dashboard-png: venv deps
+	BATCHPILOT_DASHBOARD_PNG=charts/batchpilot/dashboard.png $(PY) -m pytest tests/integration/test_dashboard.py
+
+# Debian packages the tests use: prometheus (the server and promtool). Installed only when
+# missing; the package lists are refreshed only when the install fails without.
+DEBIAN_PACKAGES := prometheus
+deps:
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null || { \
+	  sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  $$sudo apt-get install -y --no-install-recommends $(DEBIAN_PACKAGES) \
+	  || { $$sudo apt-get update && $$sudo apt-get install -y --no-install-recommends $(DEBIAN_PACKAGES); }; }
+
 unit: venv
 	$(PY) -m pytest tests/unit
 
-integration: venv
+integration: venv deps
 	$(PY) -m pytest tests/integration
 
 # The benchmarks with their figures (the sidecar's CPU and memory); `--short` in CI.
@@ -44,7 +69,7 @@ e2e: venv k8s-bins
 	$(PY) -m pytest e2e --e2e
 
 # Everything CI runs (.ci/run): linters, unit and integration tests, the e2e suite.
-test: lint k8s-bins
+test: lint deps k8s-bins
 	$(PY) -m pytest tests
 	$(PY) -m pytest e2e --e2e
 

@@ -40,11 +40,15 @@ def install_api(kube: Kube) -> None:
     assert applied.returncode == 0, applied.stderr
 
 
-def service_account_kubeconfig(kube: Kube, path: Path) -> Path:
+def service_account_kubeconfig(
+    kube: Kube,
+    path: Path,
+    *,
+    service_account: str = SERVICE_ACCOUNT,
+    namespace: str = SYSTEM_NAMESPACE,
+) -> Path:
     """A kubeconfig that is the operator's ServiceAccount, on the cluster under test."""
-    token = kube.kubectl_run(
-        "create", "token", SERVICE_ACCOUNT, "-n", SYSTEM_NAMESPACE, "--duration=6h"
-    )
+    token = kube.kubectl_run("create", "token", service_account, "-n", namespace, "--duration=6h")
     assert token.returncode == 0, token.stderr
     admin = yaml.safe_load(kube.kubeconfig.read_text())
     context = next(c for c in admin["contexts"] if c["name"] == kube.context)["context"]
@@ -53,14 +57,14 @@ def service_account_kubeconfig(kube: Kube, path: Path) -> Path:
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [cluster],
-        "users": [{"name": SERVICE_ACCOUNT, "user": {"token": token.stdout.strip()}}],
+        "users": [{"name": service_account, "user": {"token": token.stdout.strip()}}],
         "contexts": [
             {
-                "name": f"{SERVICE_ACCOUNT}@{kube.context}",
-                "context": {"cluster": cluster["name"], "user": SERVICE_ACCOUNT},
+                "name": f"{service_account}@{kube.context}",
+                "context": {"cluster": cluster["name"], "user": service_account},
             }
         ],
-        "current-context": f"{SERVICE_ACCOUNT}@{kube.context}",
+        "current-context": f"{service_account}@{kube.context}",
     }
     path.write_text(yaml.safe_dump(config))
     path.chmod(0o600)

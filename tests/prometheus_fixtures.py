@@ -1,9 +1,10 @@
 """A real Prometheus server (Debian's `prometheus` package) for integration tests.
 
 `prometheus_server(targets)` starts one on a free loopback port with a 1 s scrape interval,
-scraping the given `host:port` metrics endpoints with the given extra labels, and stops it at
-the end of the test. Tests that need it are skipped, saying why, where the binary is missing
-(`make test` installs it).
+scraping the given `host:port` metrics endpoints with the given extra labels (a `job` label among
+them replaces the default), evaluating the given rule files, and stops it at the end of the test.
+Tests that need it are skipped, saying why, where the binary is missing (`make test` installs
+it).
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import shutil
 import subprocess
 import time
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import pytest
 import yaml
@@ -37,6 +39,12 @@ class PrometheusServer:
     log_path: Path
 
 
+class StartPrometheus(Protocol):
+    def __call__(
+        self, targets: Sequence[ScrapeTarget], rule_files: Sequence[Path] = ()
+    ) -> PrometheusServer: ...
+
+
 def _ready(url: str) -> bool:
     try:
         with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as response:
@@ -46,18 +54,17 @@ def _ready(url: str) -> bool:
 
 
 @pytest.fixture
-def prometheus_server(
-    tmp_path: Path,
-) -> Iterator[Callable[[Sequence[ScrapeTarget]], PrometheusServer]]:
+def prometheus_server(tmp_path: Path) -> Iterator[StartPrometheus]:
     binary = shutil.which("prometheus")
     if binary is None:
         pytest.skip("no prometheus binary (Debian package `prometheus`; `make test` installs it)")
     started: list[PrometheusServer] = []
 
-    def start(targets: Sequence[ScrapeTarget]) -> PrometheusServer:
+    def start(targets: Sequence[ScrapeTarget], rule_files: Sequence[Path] = ()) -> PrometheusServer:
         (port,) = local_triton.free_ports("127.0.0.1", 1)
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(path) for path in rule_files],
             "scrape_configs": [
                 {
                     "job_name": f"target-{index}",

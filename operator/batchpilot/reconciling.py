@@ -288,6 +288,9 @@ class Reconciler:
         reading: sources.Reading,
     ) -> None:
         metrics = self.metrics
+        telemetry.count_from_zero(
+            metrics, name, profiles=policy.profiles, reasons=telemetry.OPERATOR_APPLY_ERRORS
+        )
         if decision.switched:
             metrics.switches.labels(name, decision.profile).inc()
         metrics.decisions.labels(name, decision.source).inc()
@@ -300,6 +303,9 @@ class Reconciler:
         metrics.next_transition.labels(name).set(upcoming.timestamp() if upcoming else 0)
         for metric, value in reading.signals.metrics.items():
             metrics.signal.labels(name, metric).set(value)
+        unavailable = bool(reading.problems or _missing_metrics(policy, reading))
+        metrics.signals_unavailable.labels(name).set(unavailable)
+        telemetry.set_objective(metrics, name, policy, decision.profile)
 
     def _count_targets(
         self, name: str, result: rollouts.Result, unreachable: Mapping[str, str]

@@ -88,6 +88,9 @@ class Runner:
         self.metrics = metrics
         self.clock = clock
         self.memory = decisions.Memory()
+        telemetry.count_from_zero(
+            metrics, name, profiles=spec.profiles, reasons=telemetry.RUNNER_APPLY_ERRORS
+        )
         self._server_memory = {server.url: _ServerMemory() for server in self.servers}
 
     async def tick(self) -> TickReport:
@@ -141,6 +144,10 @@ class Runner:
         self.metrics.next_transition.labels(self.name).set(upcoming.timestamp() if upcoming else 0)
         for metric, value in reading.signals.metrics.items():
             self.metrics.signal.labels(self.name, metric).set(value)
+        rules = self.spec.load.rules if self.spec.load else []
+        missing = any(rule.metric not in reading.signals.metrics for rule in rules)
+        self.metrics.signals_unavailable.labels(self.name).set(bool(reading.problems) or missing)
+        telemetry.set_objective(self.metrics, self.name, self.spec, decision.profile)
 
     async def _apply(
         self, server: servers.TritonServer, decision: decisions.Decision

@@ -6,13 +6,43 @@ of alerts serve both. Names are documented in the README's metrics table.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from batchpilot.policy import specs
+
 PREFIX = "batchpilot"
+
+# The names as they appear on /metrics (counters with their `_total`), for the dashboard and the
+# alert rules (`batchpilot.observability`) as much as for the collectors below.
+ACTIVE_PROFILE = f"{PREFIX}_active_profile"
+PROFILE_SWITCHES = f"{PREFIX}_profile_switches_total"
+DECISIONS = f"{PREFIX}_decisions_total"
+APPLY_DURATION = f"{PREFIX}_apply_duration_seconds"
+APPLY_ERRORS = f"{PREFIX}_apply_errors_total"
+TARGETS = f"{PREFIX}_targets"
+SIGNAL = f"{PREFIX}_signal"
+SIGNALS_UNAVAILABLE = f"{PREFIX}_signals_unavailable"
+SLO_P95_LATENCY = f"{PREFIX}_slo_p95_latency_seconds"
+QUEUE_DELAY = f"{PREFIX}_queue_delay_microseconds"
+NEXT_TRANSITION = f"{PREFIX}_next_transition_timestamp_seconds"
+
+RUNNER_APPLY_ERRORS = (
+    "unreachable",
+    "refused",
+    "rejected",
+    "rollback_failed",
+    "explicit_mode_required",
+    "model_unavailable",
+)
+"""The reasons the standalone runner counts failed applies by."""
+OPERATOR_APPLY_ERRORS = ("ApplyFailed", "RolledBack")
+"""The reasons the operator counts failed applies by (its event reasons)."""
 
 
 @dataclass(frozen=True)
@@ -27,6 +57,8 @@ class ControllerMetrics:
     apply_errors: Counter
     targets: Gauge
     signal: Gauge
+    signals_unavailable: Gauge
+    slo_p95: Gauge
     queue_delay: Gauge
     next_transition: Gauge
 
@@ -36,62 +68,99 @@ def controller_metrics(registry: CollectorRegistry | None = None) -> ControllerM
     return ControllerMetrics(
         registry=registry,
         active_profile=Gauge(
-            f"{PREFIX}_active_profile",
+            ACTIVE_PROFILE,
             "1 for the profile in force for a policy, 0 for its other profiles.",
             ["policy", "profile"],
             registry=registry,
         ),
         switches=Counter(
-            f"{PREFIX}_profile_switches",
+            PROFILE_SWITCHES,
             "Profile switches decided, by the profile switched to.",
             ["policy", "profile"],
             registry=registry,
         ),
         decisions=Counter(
-            f"{PREFIX}_decisions",
+            DECISIONS,
             "Decisions made, by what chose the profile (override, load, schedule, default).",
             ["policy", "source"],
             registry=registry,
         ),
         apply_seconds=Histogram(
-            f"{PREFIX}_apply_duration_seconds",
+            APPLY_DURATION,
             "Time to apply a profile to one model on one server, reloads only.",
             ["policy"],
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300),
             registry=registry,
         ),
         apply_errors=Counter(
-            f"{PREFIX}_apply_errors",
-            "Failed applies, by reason (unreachable, refused, rejected, rollback_failed, "
-            "explicit_mode_required, model_unavailable).",
+            APPLY_ERRORS,
+            "Failed applies, by reason (the runner: unreachable, refused, rejected, "
+            "rollback_failed, explicit_mode_required, model_unavailable; the operator: "
+            "ApplyFailed, RolledBack).",
             ["policy", "reason"],
             registry=registry,
         ),
         targets=Gauge(
-            f"{PREFIX}_targets",
+            TARGETS,
             "Governed Triton servers by state (updated, pending, failed, unreachable).",
             ["policy", "state"],
             registry=registry,
         ),
         signal=Gauge(
-            f"{PREFIX}_signal",
+            SIGNAL,
             "The load signals the last decision saw, by metric name.",
             ["policy", "metric"],
             registry=registry,
         ),
+        signals_unavailable=Gauge(
+            SIGNALS_UNAVAILABLE,
+            "1 when the last decision lacked a load signal the policy needs (reading failed or "
+            "the measurement is missing), else 0.",
+            ["policy"],
+            registry=registry,
+        ),
+        slo_p95=Gauge(
+            SLO_P95_LATENCY,
+            "The p95 latency objective of the profile in force (spec.slo); absent while the "
+            "profile in force has none.",
+            ["policy"],
+            registry=registry,
+        ),
         queue_delay=Gauge(
-            f"{PREFIX}_queue_delay_microseconds",
+            QUEUE_DELAY,
             "max_queue_delay_microseconds of the settings in force (after SLO autotune).",
             ["policy"],
             registry=registry,
         ),
         next_transition=Gauge(
-            f"{PREFIX}_next_transition_timestamp_seconds",
+            NEXT_TRANSITION,
             "When the decision next changes by the clock (Unix time); 0 when none is due.",
             ["policy"],
             registry=registry,
         ),
     )
+
+
+def count_from_zero(
+    metrics: ControllerMetrics, policy: str, *, profiles: Iterable[str], reasons: Iterable[str]
+) -> None:
+    """Export a policy's counters from zero: `increase()` cannot see the first increment of a
+    series that appears at 1, so alerts would miss a first switch or a first failure."""
+    for profile in profiles:
+        metrics.switches.labels(policy, profile)
+    for reason in reasons:
+        metrics.apply_errors.labels(policy, reason)
+
+
+def set_objective(
+    metrics: ControllerMetrics, policy: str, spec: specs.BatchPolicySpec, profile: str
+) -> None:
+    """Export the latency objective while it governs the profile in force, and only then."""
+    if spec.slo is not None and spec.slo_governs(profile):
+        metrics.slo_p95.labels(policy).set(spec.slo.p95_latency_ms / 1000)
+    else:
+        with contextlib.suppress(KeyError):  # not exported yet
+            metrics.slo_p95.remove(policy)
 
 
 async def serve(registry: CollectorRegistry, *, host: str, port: int) -> web.AppRunner:

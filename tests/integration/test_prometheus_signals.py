@@ -10,7 +10,7 @@ import pytest
 
 from batchpilot import demo_models, loadgen
 from batchpilot.signals import prometheus
-from prometheus_fixtures import PrometheusServer, ScrapeTarget
+from prometheus_fixtures import ScrapeTarget, StartPrometheus
 from triton_fixtures import TritonFactory
 
 pytestmark = pytest.mark.integration
@@ -18,12 +18,11 @@ pytestmark = pytest.mark.integration
 
 @pytest.mark.timeout(120)
 async def test_prometheus_source_reads_the_fleet_rate_depth_and_latency(
-    triton_server: TritonFactory, prometheus_server: object
+    triton_server: TritonFactory, prometheus_server: StartPrometheus
 ) -> None:
     server = triton_server(demo_models.GPU_SIM)
-    start_prometheus = prometheus_server
     metrics = urlsplit(server.metrics_url)
-    promserver: PrometheusServer = start_prometheus(  # type: ignore[operator]
+    promserver = prometheus_server(
         [ScrapeTarget(address=metrics.netloc, labels={"namespace": "trading", "pod": "triton-0"})]
     )
     payload = loadgen.InferencePayload.for_input(

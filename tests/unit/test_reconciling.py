@@ -65,6 +65,10 @@ async def reconcile(
     )
 
 
+def gauge(subject: reconciling.Reconciler, name: str) -> float | None:
+    return subject.metrics.registry.get_sample_value(name, {"policy": "fleet"})
+
+
 def conditions(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
     return {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
 
@@ -143,8 +147,10 @@ async def test_missing_signals_are_a_condition_and_the_schedule_decides() -> Non
         load={"rules": [{"profile": "interactive", "metric": "queueDepth", "above": 10}]}
     )
     signals = FixedSignals({}, problems=("sidecar 10.88.0.1:9400 unreachable",))
-    outcome = await reconcile(reconciler(targets, fleet, signals=signals), spec)
+    subject = reconciler(targets, fleet, signals=signals)
+    outcome = await reconcile(subject, spec)
     assert outcome.status["activeProfile"] == "bulk"
+    assert gauge(subject, "batchpilot_signals_unavailable") == 1
     unavailable = next(c for c in outcome.status["conditions"] if c["type"] == "SignalsUnavailable")
     assert unavailable["status"] == "True"
     assert "sidecar 10.88.0.1:9400 unreachable" in unavailable["message"]
@@ -157,11 +163,36 @@ async def test_load_signal_switches_the_profile() -> None:
     spec = spec_document(
         load={"rules": [{"profile": "interactive", "metric": "queueDepth", "above": 10}]}
     )
-    outcome = await reconcile(
-        reconciler(targets, fleet, signals=FixedSignals({"queueDepth": 50})), spec
-    )
+    subject = reconciler(targets, fleet, signals=FixedSignals({"queueDepth": 50}))
+    outcome = await reconcile(subject, spec)
     assert outcome.status["activeProfile"] == "interactive"
     assert outcome.status["reason"].startswith("load rule #1 (queueDepth > 10) holds")
+    assert gauge(subject, "batchpilot_signals_unavailable") == 0
+
+
+@pytest.mark.looptime
+async def test_counters_are_exported_from_zero_so_rates_see_the_first_event() -> None:
+    targets, fleet = two_servers()
+    subject = reconciler(targets, fleet)
+    await reconcile(subject, spec_document())
+    registry = subject.metrics.registry
+    for reason in ("ApplyFailed", "RolledBack"):
+        labels = {"policy": "fleet", "reason": reason}
+        assert registry.get_sample_value("batchpilot_apply_errors_total", labels) == 0
+    labels = {"policy": "fleet", "profile": "interactive"}
+    assert registry.get_sample_value("batchpilot_profile_switches_total", labels) == 0
+
+
+@pytest.mark.looptime
+async def test_latency_objective_is_exported_only_while_it_governs_the_profile() -> None:
+    targets, fleet = two_servers()
+    slo = {"p95LatencyMs": 50, "profiles": ["interactive"]}
+    subject = reconciler(targets, fleet)
+    state = reconciling.PolicyMemory()
+    await reconcile(subject, spec_document(slo=slo, defaultProfile="interactive"), state=state)
+    assert gauge(subject, "batchpilot_slo_p95_latency_seconds") == 0.05
+    await reconcile(subject, spec_document(slo=slo, defaultProfile="bulk"), state=state)
+    assert gauge(subject, "batchpilot_slo_p95_latency_seconds") is None
 
 
 @pytest.mark.looptime

@@ -1,0 +1,66 @@
+{{/* The chart's name, and the release's full name (the release name when it already says batchpilot). */}}
+{{- define "batchpilot.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "batchpilot.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The operator's resources: Deployment, Service, ServiceAccount, ClusterRole and binding. */}}
+{{- define "batchpilot.operatorName" -}}
+{{- printf "%s-operator" (include "batchpilot.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "batchpilot.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "batchpilot.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "batchpilot.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "batchpilot.labels" -}}
+helm.sh/chart: {{ include "batchpilot.chart" . }}
+app.kubernetes.io/name: {{ include "batchpilot.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: batchpilot
+{{- end }}
+
+{{- define "batchpilot.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "batchpilot.operatorName" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "batchpilot.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{- define "batchpilot.peeringName" -}}
+{{- default (include "batchpilot.fullname" .) .Values.operator.peering.name }}
+{{- end }}
+
+{{/* A monitoring resource's namespace: its own setting, else the release's. */}}
+{{- define "batchpilot.namespaceOf" -}}
+{{- default .root.Release.Namespace .namespace }}
+{{- end }}

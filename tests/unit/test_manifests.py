@@ -1,0 +1,148 @@
+"""The plain manifests: sample policies, the plain install and the example Triton Deployment.
+
+`manifests/install.yaml` and `manifests/rbac.yaml` are `helm template` output (`make chart`);
+e2e/test_chart.py checks that they are current and applies them to a real API server. These
+tests read them as a user's `kubectl apply -f` would, without helm.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from batchpilot.policy import documents
+
+REPO = Path(__file__).resolve().parents[2]
+MANIFESTS = REPO / "manifests"
+SAMPLES = sorted((MANIFESTS / "policies").glob("*.yaml"))
+
+
+def documents_of(path: Path) -> list[dict[str, Any]]:
+    return [document for document in yaml.safe_load_all(path.read_text()) if document]
+
+
+def by_kind(path: Path) -> dict[str, list[dict[str, Any]]]:
+    found: dict[str, list[dict[str, Any]]] = {}
+    for document in documents_of(path):
+        found.setdefault(document["kind"], []).append(document)
+    return found
+
+
+def test_the_samples_are_market_hours_load_based_and_slo_autotune() -> None:
+    assert [path.name for path in SAMPLES] == [
+        "load-based.yaml",
+        "market-hours.yaml",
+        "slo-autotune.yaml",
+    ]
+    # One market-hours sample, under both of its names.
+    market_hours = MANIFESTS / "policies" / "market-hours.yaml"
+    assert market_hours.resolve() == MANIFESTS / "batchpolicy.yaml"
+
+
+@pytest.mark.parametrize("path", SAMPLES, ids=lambda path: path.stem)
+def test_every_sample_policy_is_valid(path: Path) -> None:
+    named = documents.parse_yaml_policy(path.read_text(), default_name=path.stem)
+    assert named.name == path.stem
+    spec = named.spec
+    assert spec.default_profile in spec.profiles
+    assert spec.target.selector.match_labels == {"app.kubernetes.io/name": "triton"}
+
+
+def test_slo_sample_autotunes_interactive_only() -> None:
+    spec = documents.parse_yaml_policy(
+        (MANIFESTS / "policies" / "slo-autotune.yaml").read_text(), default_name="x"
+    ).spec
+    assert spec.slo is not None
+    assert spec.slo.autotune
+    assert spec.slo_governs("interactive")
+    assert not spec.slo_governs("bulk")
+
+
+def test_plain_install_has_namespace_crds_rbac_deployment_and_peering() -> None:
+    kinds = by_kind(MANIFESTS / "install.yaml")
+    (namespace,) = kinds["Namespace"]
+    assert namespace["metadata"]["name"] == "batchpilot-system"
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    crds = {crd["metadata"]["name"]: crd for crd in kinds["CustomResourceDefinition"]}
+    for path in sorted((REPO / "crds").glob("*.yaml")):
+        for crd in documents_of(path):
+            assert crds.pop(crd["metadata"]["name"]) == crd, path
+    assert crds == {}
+    (peering,) = kinds["ClusterKopfPeering"]
+    (deployment,) = kinds["Deployment"]
+    assert deployment["metadata"]["namespace"] == "batchpilot-system"
+    assert deployment["spec"]["replicas"] == 2
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert f"--peering={peering['metadata']['name']}" in container["args"]
+    assert "--standalone" not in container["args"]
+    for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service"):
+        assert len(kinds[kind]) == 1, kind
+
+
+def test_plain_install_runs_under_the_restricted_pod_security_standard() -> None:
+    (deployment,) = by_kind(MANIFESTS / "install.yaml")["Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    (container,) = pod["containers"]
+    security = container["securityContext"]
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert ports == {"metrics": 9402, "healthz": 8080}
+    assert "--metrics-listen=0.0.0.0:9402" in container["args"]
+    assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
+
+
+def test_rbac_manifest_is_the_install_s_rbac() -> None:
+    install = by_kind(MANIFESTS / "install.yaml")
+    rbac = by_kind(MANIFESTS / "rbac.yaml")
+    assert set(rbac) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
+    for kind, objects in rbac.items():
+        assert objects == install[kind], kind
+    (role,) = rbac["ClusterRole"]
+    verbs = {
+        (group, resource): tuple(rule["verbs"])
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
+    # Least privilege: nothing creates, deletes or updates objects but events.
+    assert {verb for granted in verbs.values() for verb in granted} <= {
+        "get",
+        "list",
+        "watch",
+        "patch",
+        "create",
+    }
+    assert [key for key, granted in verbs.items() if "create" in granted] == [("", "events")]
+    assert ("", "secrets") not in verbs
+
+
+def test_triton_example_is_governable() -> None:
+    kinds = by_kind(MANIFESTS / "triton-deployment.yaml")
+    (deployment,) = kinds["Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["readinessGates"] == [{"conditionType": "batchpilot.dev/config-applied"}]
+    containers = {container["name"]: container for container in pod["containers"]}
+    triton = containers["triton"]
+    assert "--model-control-mode=explicit" in triton["args"]
+    assert "--metrics-config=summary_latencies=true" in triton["args"]
+    ports = {
+        port["name"]: port["containerPort"]
+        for container in containers.values()
+        for port in container["ports"]
+    }
+    assert ports == {"http": 8000, "grpc": 8001, "metrics": 8002, "sidecar": 9400}
+    # The sample policies select these Pods by the label the Deployment gives them.
+    assert deployment["spec"]["template"]["metadata"]["labels"] == {
+        "app.kubernetes.io/name": "triton"
+    }
+    (service,) = kinds["Service"]
+    assert service["spec"]["selector"] == {"app.kubernetes.io/name": "triton"}
