@@ -204,7 +204,10 @@ def test_load_rule_switches_under_a_burst_and_back_after_it(
     assert to_bulk - burst_started >= hold, "the rule held before `for` had passed"
     assert to_bulk < burst_ended
     assert back - burst_ended >= hold - 1, "let go before the rate stayed low for `for`"
-    assert back - to_bulk >= dwell, "switched back inside minDwellSeconds"
+    # The timeline sees a profile once its rollout is done, and the dwell counts from the
+    # decision: the rollout into bulk, under the burst, may take up to a second longer than the
+    # one back.
+    assert back - to_bulk >= dwell - 1.0, "switched back inside minDwellSeconds"
     assert sum(summary.failed for summary in summaries) == 0
 
 
