@@ -82,11 +82,20 @@ def test_pods_asking_for_anything_else_are_rejected(body: dict[str, Any], reason
 def test_triton_argv_is_built_from_the_table_with_one_flag_per_model(tmp_path: Path) -> None:
     req = request(pod(annotations={podrunner.MODELS_ANNOTATION: "gpu_sim, other-1"}))
     assert req is not None
-    (command,) = podrunner.RUNTIMES["triton"](req, podrunner.Workspace(directory=tmp_path))
-    argv = list(command.argv)
+    triton, sidecar = podrunner.RUNTIMES["triton"](req, podrunner.Workspace(directory=tmp_path))
+    argv = list(triton.argv)
     assert argv[1:5] == ["-m", "batchpilot.local_triton", "--host", "10.88.0.7"]
     assert argv[-4:] == ["--model", "gpu_sim", "--model", "other-1"]
     assert str(podrunner.MODEL_REPOSITORY) in argv
+    assert sidecar.container == "batchpilot-sidecar"
+    assert list(sidecar.argv[1:7]) == [
+        "-m",
+        "batchpilot_sidecar",
+        "--triton-url",
+        "http://10.88.0.7:8000",
+        "--listen",
+        "10.88.0.7:9400",
+    ]
 
 
 def test_http_echo_serves_the_pod_name_from_its_own_folder(tmp_path: Path) -> None:
