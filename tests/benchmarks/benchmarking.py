@@ -12,19 +12,29 @@ of the virtual day, which is also what the policy's clock reads.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import itertools
 import math
+import sys
 import time
 import zoneinfo
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from batchpilot import loadgen
 from batchpilot.triton import scraping
+
+if TYPE_CHECKING:
+    from e2e.kubes import Kube
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.append(str(REPO))
 
 WINDOW_SECONDS = 10.0
 
@@ -197,6 +207,7 @@ class Window:
     requests: int
     succeeded: int
     p95_ms: float | None
+    p99_ms: float | None = None
 
     @property
     def failed(self) -> int:
@@ -229,7 +240,7 @@ def windows(
         if stop - cursor < width / 2 and found:
             break
         inside = between(records, cursor, stop)
-        (p95,) = percentiles_ms(inside, (95,))
+        p95, p99 = percentiles_ms(inside, (95, 99))
         found.append(
             Window(
                 start=cursor,
@@ -237,6 +248,7 @@ def windows(
                 requests=len(inside),
                 succeeded=sum(r.succeeded for r in inside),
                 p95_ms=p95,
+                p99_ms=p99,
             )
         )
         cursor = stop
@@ -440,3 +452,171 @@ def plot_day(
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=80)
     plt.close(figure)
+
+
+def plot_timelines(
+    path: Path,
+    *,
+    timelines: Sequence[Timeline],
+    title: str,
+    markers: Mapping[str, Sequence[tuple[float, str]]] | None = None,
+) -> None:
+    """p99 latency per window over time, one panel per timeline, events (switches) marked and
+    windows with failed requests crossed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(
+        len(timelines), 1, figsize=(10, 2.4 * len(timelines)), sharex=True, squeeze=False
+    )
+    for axis, timeline in zip(axes[:, 0], timelines, strict=True):
+        middles = [(w.start + w.end) / 2 for w in timeline.windows]
+        values = [w.p99_ms if w.p99_ms is not None else math.nan for w in timeline.windows]
+        axis.plot(middles, values, linewidth=1.2)
+        failed = [
+            (m, v) for m, v, w in zip(middles, values, timeline.windows, strict=True) if w.failed
+        ]
+        if failed:
+            axis.scatter(*zip(*failed, strict=True), color="red", marker="x", zorder=3)
+        for offset, label in (markers or {}).get(timeline.label, ()):
+            axis.axvline(offset, color="grey", linewidth=0.8, linestyle=":")
+            axis.text(offset, 1.0, f" {label}", transform=axis.get_xaxis_transform(),
+                      fontsize=7, va="top")  # fmt: skip
+        axis.set_yscale("log")
+        axis.set_ylabel("p99 latency (ms)")
+        axis.set_title(timeline.label, fontsize=9, loc="left")
+    axes[-1, 0].set_xlabel("seconds")
+    figure.suptitle(title, fontsize=10)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=80)
+    plt.close(figure)
+
+
+# -- the local cluster ------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def local_cluster(
+    *, wait_seconds: float = 900.0, say: Callable[[str], None] = print
+) -> Iterator[Kube]:
+    """An `e2e.kubes.Kube` on a local cluster: the one this checkout's `make cluster-up` left
+    running, else the one that holds the machine's pod network now (another checkout's), else
+    one started here and stopped at the end. While another cluster is starting or stopping,
+    wait for it (up to `wait_seconds`); never stop a cluster this did not start."""
+    from e2e import kubes
+    from e2e.cluster import building, controlplane, locations, podnetwork
+
+    def kube(cluster: controlplane.Cluster) -> Kube:
+        return kubes.Kube(
+            kubeconfig=cluster.kubeconfig,
+            context=kubes.current_context(cluster.kubeconfig),
+            local=cluster,
+        )
+
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        own = locations.state_dir()
+        if controlplane.is_up(own):
+            say(f"using the local cluster in {own}")
+            yield kube(controlplane.Cluster.load(own))
+            return
+        holder = podnetwork.holder()
+        if holder is not None and controlplane.is_up(Path(holder)):
+            say(f"using the local cluster in {holder}, which holds the pod network")
+            yield kube(controlplane.Cluster.load(Path(holder)))
+            return
+        if holder is None:
+            building.require_binaries()
+            stack = contextlib.ExitStack()
+            try:
+                cluster = stack.enter_context(controlplane.running(keep_logs=False, say=say))
+            except controlplane.ClusterError as error:
+                if "in use" not in str(error):
+                    raise
+            else:
+                with stack:
+                    yield kube(cluster)
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no local cluster: the pod network stayed busy ({holder})")
+        say(f"another local cluster is starting or stopping ({holder}); waiting")
+        time.sleep(10)
+
+
+def wait_until(
+    what: str, check: Callable[[], Any], *, timeout: float, interval: float = 0.2
+) -> Any:
+    """Poll until `check()` returns something truthy, and return it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+@contextlib.contextmanager
+def namespace(kube: Kube, prefix: str) -> Iterator[str]:
+    """A fresh namespace; deleted at the end, waiting until its Pods' addresses are released
+    (the pod runner has stopped their servers). Delete BatchPolicies before, while an operator
+    still runs to remove its finalizer."""
+    import uuid
+
+    import kubernetes.client
+
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    kube.core.create_namespace(
+        kubernetes.client.V1Namespace(
+            metadata=kubernetes.client.V1ObjectMeta(name=name, labels={"batchpilot.dev/bench": "1"})
+        )
+    )
+
+    def service_account() -> bool:
+        try:
+            kube.core.read_namespaced_service_account("default", name)
+        except kubernetes.client.ApiException as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
+    # Pods are refused until the controller manager has made the default service account.
+    wait_until(f"service account default in {name}", service_account, timeout=60)
+    try:
+        yield name
+    finally:
+        from e2e.cluster import podnetwork
+
+        pods = kube.core.list_namespaced_pod(name).items
+        ips = {pod.status.pod_ip for pod in pods if pod.status and pod.status.pod_ip}
+        with contextlib.suppress(kubernetes.client.ApiException):
+            kube.core.delete_namespace(name)
+        if kube.local is not None and ips:
+            cidrs = kube.local.pod_cidrs
+            wait_until(
+                f"the pod IPs of {name} released",
+                lambda: not ips & set(podnetwork.addresses_in(cidrs)),
+                timeout=120,
+                interval=0.5,
+            )
+
+
+def delete_policies(kube: Kube, namespace: str, *, timeout: float = 120.0) -> None:
+    """Delete a namespace's BatchPolicies and wait until they are gone: the operator must still
+    run, to remove its finalizer."""
+    import kubernetes.client
+
+    api = kubernetes.client.CustomObjectsApi(kube.api_client)
+    group, version, plural = "batchpilot.dev", "v1alpha1", "batchpolicies"
+    api.delete_collection_namespaced_custom_object(group, version, namespace, plural)
+
+    def gone() -> bool:
+        listed = api.list_namespaced_custom_object(group, version, namespace, plural)
+        return isinstance(listed, dict) and not listed.get("items")
+
+    wait_until(f"the BatchPolicies of {namespace} deleted", gone, timeout=timeout, interval=0.5)
