@@ -131,6 +131,7 @@ class Controller:
                     task.cancel()
         finally:
             self.wakeups.pop((namespace, name), None)
+            self.reconciler.forget_policy(namespace, name)
 
     async def _once(
         self, namespace: str, name: str, body: Mapping[str, Any], state: reconciling.PolicyMemory
