@@ -229,7 +229,10 @@ class SizeReport:
     served_after: tuple[float, ...]
     boundary_cpu_seconds: float
     boundary_reconciles: float
-    warnings: int
+    warning_events: dict[str, int]
+    """Warning events on the policies, by reason."""
+    warning_examples: dict[str, str]
+    log_errors: int
 
     @property
     def cpu_per_reconcile(self) -> float | None:
@@ -247,6 +250,19 @@ class SizeReport:
     @property
     def reconciles_per_second(self) -> float | None:
         return benchmarking.ratio(self.steady_reconciles, self.steady_seconds)
+
+
+def warning_events(kube: Kube, namespaces: Sequence[str]) -> tuple[dict[str, int], dict[str, str]]:
+    """Warning events on the policies: how many by reason, and one message of each."""
+    counted: dict[str, int] = {}
+    examples: dict[str, str] = {}
+    for namespace in namespaces:
+        for event in kube.core.list_namespaced_event(namespace).items:
+            if event.type == "Warning" and event.involved_object.kind == "BatchPolicy":
+                reason = event.reason or "?"
+                counted[reason] = counted.get(reason, 0) + (event.count or 1)
+                examples.setdefault(reason, event.message or "")
+    return counted, examples
 
 
 def _create(kube: Kube, documents: Sequence[tuple[str, dict[str, Any]]]) -> None:
@@ -364,6 +380,7 @@ def run_size(
             peak = max(peak, rss_bytes(operator.process.pid))
             time.sleep(0.25)
         after = Sample.of(operator)
+        warnings, examples = warning_events(kube, namespaces)
         for namespace in namespaces:
             benchmarking.delete_policies(kube, namespace)
     finally:
@@ -384,7 +401,9 @@ def run_size(
         served_after=tuple(sorted(served.values())),
         boundary_cpu_seconds=after.cpu - steady_end.cpu,
         boundary_reconciles=after.reconciles - steady_end.reconciles,
-        warnings=sum(" WARNING " in line or " ERROR " in line for line in log.splitlines()),
+        warning_events=warnings,
+        warning_examples=examples,
+        log_errors=sum("[ERROR" in line for line in log.splitlines()),
     )
 
 
@@ -429,7 +448,8 @@ def render(facts: FleetFacts, sizes: Sequence[SizeReport], *, markdown: bool) ->
         "boundary -> live Pods serve (s)",
         "boundary -> all statuses (s)",
         "bound (s)",
-        "warnings",
+        "warning events",
+        "log errors",
     ]
     rows = []
     for size in sizes:
@@ -446,7 +466,8 @@ def render(facts: FleetFacts, sizes: Sequence[SizeReport], *, markdown: bool) ->
                 benchmarking.cell(size.targets_converged, 2),
                 benchmarking.cell(size.statuses_converged, 2),
                 f"{bound:.2f}",
-                str(size.warnings),
+                ", ".join(f"{n} {r}" for r, n in sorted(size.warning_events.items())) or "0",
+                str(size.log_errors),
             ]
         )
     lines.append(tabulate(headers, rows))
@@ -465,6 +486,8 @@ def render(facts: FleetFacts, sizes: Sequence[SizeReport], *, markdown: bool) ->
             f"boundary; fleet converged within one interval plus one wave ({bound:.2f} s) -> "
             + ("met" if met else "MISSED")
         )
+        for reason, message in sorted(size.warning_examples.items()):
+            lines.append(f"  - {reason}, e.g.: {message[:300]}")
     return "\n".join(lines)
 
 

@@ -14,9 +14,9 @@ override, several times, and the same is done twice, on fresh Pods:
 Both roll out one replica at a time (`rollout.maxUnavailable: 1`). For each switch it reports the
 time from the decision (the policy change accepted by the API server) to every replica serving
 the new profile, when each replica got there, the failed requests and the p99 latency of the
-requests sent from the decision until a second after the last replica switched, against the
-steady-state p99 of the two profiles (the higher one: a switch from the faster profile to the
-slower one is not charged for the slower profile's latency).
+requests in flight at any time from the decision until a second after the last replica switched
+(a reload stalls the requests already queued), against the steady-state p99 of the two profiles
+(the higher one: a switch to the slower profile is not charged for that profile's latency).
 
     python tests/benchmarks/bench_switch.py               # 4 replicas, 4 switches each way
     python tests/benchmarks/bench_switch.py --short       # CI: 2 replicas, 2 switches
@@ -216,24 +216,28 @@ def analyse(
     switches: Sequence[Switch],
     gate_history: dict[str, list[str]],
 ) -> ModeReport:
-    """Steady state: requests outside every switch (after a 2 s warm-up), by the profile every
-    replica ran; a switch: requests from its decision until the catch-up after its last replica."""
+    """A switch's requests: those in flight at any time from its decision until the catch-up
+    after its last replica. Steady state: the others (after a 2 s warm-up), by the profile every
+    replica ran when they were sent."""
     spans = []
     for switch in switches:
         end = (switch.converged or switch.decided + the_plan.period_seconds) + CATCH_UP_SECONDS
         spans.append((switch.decided, end))
+    during = [benchmarking.overlapping(records, start, end) for start, end in spans]
+    touched = {id(record) for found in during for record in found}
     steady: dict[str, list[loadgen.RequestRecord]] = {name: [] for name in PROFILES}
-    boundaries = [2.0, *(point for span in spans for point in span), the_plan.seconds]
     profiles = ["bulk", *(switch.target for switch in switches)]
-    for index, profile in enumerate(profiles):
-        start, end = boundaries[2 * index], boundaries[2 * index + 1]
-        steady[profile] += benchmarking.between(records, start, end)
+    starts = [2.0, *(end for _, end in spans)]
+    for record in records:
+        if id(record) in touched or record.scheduled < starts[0]:
+            continue
+        settled = sum(record.scheduled >= start for start in starts) - 1
+        steady[profiles[settled]].append(record)
     steady_p99 = {
         name: benchmarking.percentiles_ms(found, (99,))[0] for name, found in steady.items()
     }
     reports = []
-    for switch, (start, end) in zip(switches, spans, strict=True):
-        inside = benchmarking.between(records, start, end)
+    for switch, inside in zip(switches, during, strict=True):
         references = [steady_p99[switch.source], steady_p99[switch.target]]
         known = [value for value in references if value is not None]
         reports.append(

@@ -198,6 +198,20 @@ def between(
     return [r for r in records if start <= r.scheduled < end]
 
 
+def overlapping(
+    records: Sequence[loadgen.RequestRecord], start: float, end: float
+) -> list[loadgen.RequestRecord]:
+    """Requests in flight at some time in [start, end): a reload stalls the requests already
+    queued when it begins, not only those sent after it."""
+    found = []
+    for record in records:
+        began = record.scheduled if record.sent is None else record.sent
+        finished = began + (record.latency or 0.0)
+        if began < end and finished >= start:
+            found.append(record)
+    return found
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Window:
     """What requests scheduled within one window of time saw."""
@@ -438,7 +452,8 @@ def plot_day(
     latency.axhline(slo_ms, color="black", linewidth=0.8, linestyle="--")
     latency.text(0, slo_ms, f" SLO p95 {slo_ms:g} ms", va="bottom", fontsize=8)
     latency.set_yscale("log")
-    latency.set_ylabel("p95 latency per 10 s window (ms)")
+    width = timelines[0].windows[0].end - timelines[0].windows[0].start if timelines else 0.0
+    latency.set_ylabel(f"p95 latency per {width:.2g} s (ms)")
     throughput.set_ylabel("served (req/s)")
     ticks = [day.bounds(i)[0] for i in range(len(day.phases))] + [day.seconds]
     throughput.set_xticks(ticks, [day.label(t) for t in ticks])

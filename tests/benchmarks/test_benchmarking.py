@@ -99,6 +99,18 @@ def test_an_arrival_never_sent_counts_as_a_failure() -> None:
     assert benchmarking.failures([never_sent]) == 1
 
 
+def test_a_request_in_flight_when_a_stall_begins_overlaps_it() -> None:
+    queued_before = record(4.9, 1200.0)
+    done_before = record(4.0, 10.0)
+    sent_during = record(5.5, 20.0)
+    sent_after = record(7.0, 20.0)
+    never_sent = loadgen.RequestRecord(phase=0, scheduled=6.0, sent=None, latency=None, status=None)
+    found = benchmarking.overlapping(
+        [queued_before, done_before, sent_during, sent_after, never_sent], 5.0, 6.5
+    )
+    assert found == [queued_before, sent_during, never_sent]
+
+
 def test_a_short_tail_window_is_left_out_and_an_empty_window_meets_the_slo() -> None:
     found = benchmarking.windows([record(1.0, 5.0)], start=0.0, end=24.0)
     assert [(w.start, w.end) for w in found] == [(0.0, 10.0), (10.0, 20.0)]
