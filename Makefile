@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: venv lint unit integration e2e test demo crds
+.PHONY: venv lint unit integration e2e test demo crds bench
 
 # The main job: a local Triton, the demo model, a policy and load; watch it switch.
 demo: venv
@@ -33,6 +33,10 @@ unit: venv
 
 integration: venv
 	$(PY) -m pytest tests/integration
+
+# The benchmarks with their figures (the sidecar's CPU and memory); `--short` in CI.
+bench: venv
+	$(PY) tests/benchmarks/bench_sidecar.py
 
 # Against a real API server: the local control plane (started and stopped by the suite), or the
 # cluster $$KUBECONFIG names if it is a test cluster.

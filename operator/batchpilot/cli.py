@@ -13,6 +13,7 @@ from pathlib import Path
 
 from batchpilot import __version__, explaining
 from batchpilot.policy import documents, specs
+from batchpilot_sidecar import commands as sidecar_commands
 
 
 def _read_named_policy(path: Path) -> documents.NamedPolicy:
@@ -61,6 +62,7 @@ def _run(arguments: argparse.Namespace) -> int:
             metrics_urls=arguments.triton_metrics,
             interval=arguments.interval,
             listen=running.parse_listen(arguments.listen),
+            sidecar_urls=arguments.sidecar,
             ticks=arguments.ticks,
         )
     )
@@ -88,6 +90,13 @@ def _operator(arguments: argparse.Namespace) -> int:
         priority=arguments.priority,
         liveness=None if arguments.liveness == "none" else arguments.liveness,
     )
+
+
+def _sidecar(arguments: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return sidecar_commands.run(arguments)
 
 
 def _demo(arguments: argparse.Namespace) -> int:
@@ -133,7 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser(
         "run",
         help="make Triton servers follow a policy, without Kubernetes",
-        description="Each tick: read load signals from Triton's metrics, decide, and apply the "
+        description="Each tick: read load signals (from Triton's metrics, or from sidecars with "
+        "--sidecar), decide, and apply the "
         "decided profile to every server, one after another, repairing drift (e.g. after a "
         "server restart). Stops cleanly on SIGTERM or Ctrl-C.",
     )
@@ -152,6 +162,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="URL",
         help="Triton metrics URL per --triton, in the same order (default: same host, port 8002)",
+    )
+    run.add_argument(
+        "--sidecar",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a batchpilot sidecar, e.g. http://10.0.0.5:9400 (repeatable): load signals and "
+        "the SLO autotune recommendation come from the sidecars when spec.load.source is "
+        "sidecar (the default)",
     )
     run.add_argument("--interval", type=float, default=5.0, help="seconds between ticks")
     run.add_argument(
@@ -203,6 +222,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     operator.add_argument("--verbose", action="store_true", help="kopf's verbose logging")
     operator.set_defaults(handler=_operator)
+
+    sidecar = commands.add_parser(
+        "sidecar",
+        help="GPU and Triton telemetry next to one Triton server, with recommendations",
+        description=sidecar_commands.DESCRIPTION,
+    )
+    sidecar_commands.add_arguments(sidecar)
+    sidecar.set_defaults(handler=_sidecar)
 
     demo = commands.add_parser(
         "demo",

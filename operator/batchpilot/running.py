@@ -21,7 +21,7 @@ from typing import Literal
 
 from batchpilot import telemetry
 from batchpilot.policy import decisions, specs
-from batchpilot.signals import sources
+from batchpilot.signals import sidecars, sources
 from batchpilot.triton import actuators, modelconfigs, servers
 
 logger = logging.getLogger("batchpilot.runner")
@@ -77,7 +77,7 @@ class Runner:
         name: str,
         spec: specs.BatchPolicySpec,
         triton_servers: Sequence[servers.TritonServer],
-        source: sources.TritonMetricsSource,
+        source: sources.SignalSource,
         metrics: telemetry.ControllerMetrics,
         clock: Callable[[], datetime.datetime] = utc_now,
     ) -> None:
@@ -233,6 +233,7 @@ async def run_standalone(
     metrics_urls: Sequence[str],
     interval: float,
     listen: tuple[str, int] | None,
+    sidecar_urls: Sequence[str] = (),
     ticks: int | None = None,
 ) -> int:
     """`batchpilot run`: tick until SIGTERM or Ctrl-C (or `ticks` ticks), then stop cleanly."""
@@ -247,7 +248,15 @@ async def run_standalone(
     exporter = (
         await telemetry.serve(metrics.registry, host=listen[0], port=listen[1]) if listen else None
     )
-    source = sources.TritonMetricsSource(triton_servers, models=spec.target.models)
+    source: sources.SignalSource
+    if sidecar_urls and (spec.load is None or spec.load.source == "sidecar"):
+        source = sidecars.SidecarSource(sidecar_urls, models=spec.target.models, slo=spec.slo)
+        signals_from = f"sidecars {', '.join(sidecar_urls)}"
+    else:
+        if sidecar_urls:
+            logger.warning("spec.load.source is not sidecar: the sidecars given are not read")
+        source = sources.TritonMetricsSource(triton_servers, models=spec.target.models)
+        signals_from = "Triton metrics"
     runner = Runner(
         name=name, spec=spec, triton_servers=triton_servers, source=source, metrics=metrics
     )
@@ -265,9 +274,10 @@ async def run_standalone(
             stop.set()
 
     logger.info(
-        "running policy %s against %s; signals from Triton metrics; every %gs",
+        "running policy %s against %s; signals from %s; every %gs",
         name,
         ", ".join(server.url for server in triton_servers),
+        signals_from,
         interval,
     )
     try:
@@ -275,6 +285,7 @@ async def run_standalone(
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
+        await source.close()
         for server in triton_servers:
             await server.close()
         if exporter is not None:

@@ -260,6 +260,79 @@ def test_autotune_replaces_the_delay_within_the_slo_bounds() -> None:
     assert night.settings.dynamic_batching["max_queue_delay_microseconds"] == 50000
 
 
+AUTOTUNED = {
+    "p95LatencyMs": 50,
+    "autotune": True,
+    "profiles": ["interactive"],
+    "minQueueDelayMicroseconds": 100,
+    "maxQueueDelayMicroseconds": 20_000,
+}
+
+
+def recommended_delay(delay: float) -> decisions.Signals:
+    return decisions.Signals(metrics={decisions.RECOMMENDED_QUEUE_DELAY: delay})
+
+
+def delays(made: list[decisions.Decision]) -> list[int]:
+    return [d.settings.dynamic_batching["max_queue_delay_microseconds"] for d in made]
+
+
+def test_autotune_keeps_the_delay_while_recommendations_wobble() -> None:
+    spec = make_spec(schedule=market_hours(), slo=AUTOTUNED)
+    start = ny(2026, 11, 24, 10)
+    wobbling = [10_000, 11_000, 9_000, 12_400, 7_600, 10_900]
+    made = run(spec, [(start + i * SECOND, recommended_delay(r)) for i, r in enumerate(wobbling)])
+    assert delays(made) == [10_000] * len(wobbling)
+    assert made[-1].memory.tuned_delay_microseconds == 10_000
+
+
+def test_autotune_follows_a_recommendation_that_moves_by_more_than_a_quarter() -> None:
+    spec = make_spec(schedule=market_hours(), slo=AUTOTUNED)
+    start = ny(2026, 11, 24, 10)
+    moving = [10_000, 12_600, 12_000, 7_000, 60_000]
+    made = run(spec, [(start + i * SECOND, recommended_delay(r)) for i, r in enumerate(moving)])
+    # 12,600 is 26% above 10,000; 12,000 is close to it; 7,000 is 44% below; 60,000 is clamped.
+    assert delays(made) == [10_000, 12_600, 12_600, 7_000, 20_000]
+
+
+def test_autotune_does_not_flap_between_delays_near_zero() -> None:
+    spec = make_spec(schedule=market_hours(), slo={**AUTOTUNED, "minQueueDelayMicroseconds": 0})
+    start = ny(2026, 11, 24, 10)
+    tiny = [0, 150, 30, 180, 500]
+    made = run(spec, [(start + i * SECOND, recommended_delay(r)) for i, r in enumerate(tiny)])
+    assert delays(made) == [0, 0, 0, 0, 500]
+
+
+def test_autotune_keeps_its_delay_through_a_missing_recommendation() -> None:
+    spec = make_spec(schedule=market_hours(), slo=AUTOTUNED)
+    start = ny(2026, 11, 24, 10)
+    ticks = [(start, recommended_delay(8_000)), (start + SECOND, QUIET)]
+    assert delays(run(spec, ticks)) == [8_000, 8_000]
+
+
+def test_a_profile_switch_starts_autotune_afresh() -> None:
+    spec = make_spec(schedule=market_hours(), slo={**AUTOTUNED, "profiles": []})
+    before_close = ny(2026, 11, 24, 15, 59, 59)
+    after_close = ny(2026, 11, 24, 16)
+    made = run(
+        spec, [(before_close, recommended_delay(10_000)), (after_close, recommended_delay(11_000))]
+    )
+    assert [d.profile for d in made] == ["interactive", "bulk"]
+    assert delays(made) == [10_000, 11_000]
+    # Without a recommendation after the switch, the new profile's own delay applies.
+    made = run(spec, [(before_close, recommended_delay(10_000)), (after_close, QUIET)])
+    assert delays(made) == [10_000, 50_000]
+    assert made[-1].memory.tuned_delay_microseconds is None
+
+
+def test_a_profile_outside_the_objective_keeps_no_tuned_delay() -> None:
+    spec = make_spec(schedule=market_hours(), slo=AUTOTUNED)
+    decision = decisions.decide(
+        spec, ny(2026, 11, 24, 20), recommended_delay(9_000), decisions.Memory()
+    )
+    assert decision.memory.tuned_delay_microseconds is None
+
+
 def test_naive_time_is_refused() -> None:
     with pytest.raises(ValueError, match="aware datetime"):
         decisions.decide(make_spec(), datetime.datetime(2026, 11, 24), QUIET, decisions.Memory())

@@ -21,6 +21,11 @@ from batchpilot.policy import calendars, loads, rendering, schedules, specs
 Source = Literal["override", "load", "schedule", "default"]
 RECOMMENDED_QUEUE_DELAY = "recommendedQueueDelayMicroseconds"
 """Signal name of the sidecar's queue-delay recommendation, used by SLO autotune."""
+AUTOTUNE_RELATIVE_CHANGE = 0.25
+"""Autotune keeps the delay in force until a recommendation differs from it by more than this
+fraction of it: every change reloads the model, and a reload stalls its requests."""
+AUTOTUNE_MIN_CHANGE_MICROSECONDS = 200
+"""...and by more than this, so that delays near zero do not flap either."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,8 @@ class Memory:
     """When that profile was switched to."""
     rules: Mapping[str, loads.RuleState] = field(default_factory=dict)
     """Load-rule states by `loads.rule_key`."""
+    tuned_delay_microseconds: int | None = None
+    """The queue delay SLO autotune keeps in force for `profile`; None when it sets none."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +115,10 @@ def decide(
 
     switched = profile != memory.profile
     since = now if switched else memory.since
+    # A switch starts tuning afresh: the delay tuned for one profile says nothing about another.
+    settings, tuned = _settings(
+        spec, profile, signals, None if switched else memory.tuned_delay_microseconds
+    )
     if next_transition is not None and since is not None and not held:
         # A scheduled change that lands inside the dwell happens when the dwell ends.
         next_transition = max(next_transition, since + dwell)
@@ -117,8 +128,10 @@ def decide(
         source=wish.source,
         reason=reason,
         next_transition=next_transition,
-        settings=_settings(spec, profile, signals),
-        memory=Memory(profile=profile, since=since, rules=rule_states),
+        settings=settings,
+        memory=Memory(
+            profile=profile, since=since, rules=rule_states, tuned_delay_microseconds=tuned
+        ),
         switched=switched,
     )
 
@@ -224,16 +237,33 @@ def _next_transition(
     return None
 
 
-def _settings(spec: specs.BatchPolicySpec, profile: str, signals: Signals) -> rendering.Settings:
-    recommended = signals.metrics.get(RECOMMENDED_QUEUE_DELAY)
+def _settings(
+    spec: specs.BatchPolicySpec, profile: str, signals: Signals, tuned: int | None
+) -> tuple[rendering.Settings, int | None]:
+    """The profile's settings, with the autotuned queue delay where the objective governs it.
+
+    Returns the delay autotune keeps in force, for the next decision. A recommendation close to
+    that delay leaves it alone, and so does a missing one (a sidecar that did not answer once),
+    so that the model is not reloaded for nothing."""
     slo = spec.slo
-    if slo is None or not slo.autotune or recommended is None or not spec.slo_governs(profile):
-        return rendering.render(spec.profiles[profile])
-    tuned = min(
-        max(round(recommended), slo.min_queue_delay_microseconds),
-        slo.max_queue_delay_microseconds,
-    )
-    return rendering.render(spec.profiles[profile], queue_delay_microseconds=tuned)
+    if slo is None or not slo.autotune or not spec.slo_governs(profile):
+        return rendering.render(spec.profiles[profile]), None
+
+    def clamped(delay: float) -> int:
+        low, high = slo.min_queue_delay_microseconds, slo.max_queue_delay_microseconds
+        return min(max(round(delay), low), high)
+
+    recommended = signals.metrics.get(RECOMMENDED_QUEUE_DELAY)
+    if recommended is not None:
+        candidate = clamped(recommended)
+        if tuned is None or abs(candidate - tuned) > max(
+            AUTOTUNE_RELATIVE_CHANGE * tuned, AUTOTUNE_MIN_CHANGE_MICROSECONDS
+        ):
+            tuned = candidate
+    if tuned is None:
+        return rendering.render(spec.profiles[profile]), None
+    tuned = clamped(tuned)  # the bounds may have changed since it was tuned
+    return rendering.render(spec.profiles[profile], queue_delay_microseconds=tuned), tuned
 
 
 def _stamp(instant: datetime.datetime) -> str:

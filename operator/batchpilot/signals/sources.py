@@ -1,4 +1,5 @@
-"""Where load signals come from. The standalone runner reads Triton's own metrics pages."""
+"""Where load signals come from: Triton's own metrics pages, or the sidecars next to Triton
+(`batchpilot.signals.sidecars`), behind one `read() -> Reading` shape."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import asyncio
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from batchpilot.policy import decisions
 from batchpilot.signals import aggregating
@@ -19,6 +21,12 @@ class Reading:
     signals: decisions.Signals
     per_server: Mapping[str, Mapping[str, scraping.ModelRates]] = field(default_factory=dict)
     problems: tuple[str, ...] = ()
+
+
+class SignalSource(Protocol):
+    async def read(self) -> Reading: ...
+
+    async def close(self) -> None: ...
 
 
 class TritonMetricsSource:
@@ -63,3 +71,6 @@ class TritonMetricsSource:
             per_server.values(), models=self._models, gpu_utilization=gpu_utilization
         )
         return Reading(signals=signals, per_server=per_server, problems=tuple(problems))
+
+    async def close(self) -> None:
+        """The servers belong to the caller, which closes them."""

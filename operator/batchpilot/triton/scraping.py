@@ -85,8 +85,10 @@ class ModelCounters:
         return self.request_us / self.requests / 1000 if self.requests else None
 
     @property
-    def compute_ms_per_execution(self) -> float | None:
-        return self.compute_infer_us / self.executions / 1000 if self.executions else None
+    def compute_ms_per_request(self) -> float | None:
+        """Triton adds a batch's compute time to every request in it, so this is the compute
+        time a request saw; per execution it takes the statistics extension's batch stats."""
+        return self.compute_infer_us / self.requests / 1000 if self.requests else None
 
 
 @dataclass(frozen=True)
@@ -145,20 +147,31 @@ def parse(text: str, *, taken_at: float = 0.0) -> Snapshot:
 
 
 def _sum(model: str, values: Mapping[SeriesKey, float]) -> ModelCounters:
-    totals = dict.fromkeys(COUNTER_FIELDS.values(), 0.0)
+    return _sum_by_model(values).get(model, ModelCounters())
+
+
+def _sum_by_model(values: Mapping[SeriesKey, float]) -> dict[str, ModelCounters]:
+    """Every model's sums in one pass over the series (pages with many models are long)."""
+    sums: dict[str, dict[str, float]] = {}
     for (family, labels), value in values.items():
-        if ("model", model) in labels:
+        model = dict(labels).get("model")
+        if model is not None:
+            totals = sums.setdefault(model, dict.fromkeys(COUNTER_FIELDS.values(), 0.0))
             totals[COUNTER_FIELDS[family]] += value
-    return ModelCounters(**totals)
+    return {model: ModelCounters(**totals) for model, totals in sums.items()}
 
 
-def increase(before: Snapshot, after: Snapshot, model: str) -> ModelCounters:
-    """What was counted for `model` between two snapshots of the same server."""
+def _increases(before: Snapshot, after: Snapshot) -> dict[SeriesKey, float]:
     increases = {}
     for key, value in after.counters.items():
         earlier = before.counters.get(key, 0.0)
         increases[key] = value - earlier if value >= earlier else value
-    return _sum(model, increases)
+    return increases
+
+
+def increase(before: Snapshot, after: Snapshot, model: str) -> ModelCounters:
+    """What was counted for `model` between two snapshots of the same server."""
+    return _sum(model, _increases(before, after))
 
 
 @dataclass(frozen=True)
@@ -182,6 +195,12 @@ def rates(before: Snapshot, after: Snapshot) -> dict[str, ModelRates]:
     seconds = after.taken_at - before.taken_at
     if seconds <= 0:
         return {}
+    counted = _sum_by_model(_increases(before, after))
+    pending: dict[str, float] = {}
+    for (family, labels), value in after.gauges.items():
+        model = dict(labels).get("model")
+        if family == PENDING and model is not None:
+            pending[model] = pending.get(model, 0.0) + value
     found = {}
     for model in after.models():
         quantiles = after.request_quantiles_us.get(model, {})
@@ -192,8 +211,8 @@ def rates(before: Snapshot, after: Snapshot) -> dict[str, ModelRates]:
 
         found[model] = ModelRates(
             seconds=seconds,
-            counted=increase(before, after, model),
-            pending=after.pending(model),
+            counted=counted.get(model, ModelCounters()),
+            pending=pending.get(model, 0.0),
             p50_ms=quantile_ms(0.5),
             p95_ms=quantile_ms(0.95),
             p99_ms=quantile_ms(0.99),

@@ -9,14 +9,17 @@ from __future__ import annotations
 import asyncio
 import json
 import types
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 from urllib.parse import urlsplit
 
 import aiohttp
 import tritonclient.http.aio as triton_http
 from tritonclient.utils import InferenceServerException
 
-from batchpilot.triton.modelconfigs import ModelConfig
+if TYPE_CHECKING:
+    # Only the type: at run time modelconfigs brings the policy models (and their calendar
+    # library) along, which the sidecar, a client of this module, has no use for.
+    from batchpilot.triton.modelconfigs import ModelConfig
 
 # What Triton answers to a load or unload when it is not in explicit model-control mode.
 _NOT_EXPLICIT = "explicit model load / unload is not allowed"
@@ -162,6 +165,13 @@ class TritonServer:
         await self._call(
             f"unload of {model}", self._triton().unload_model(model), seconds=self.load_timeout
         )
+
+    async def statistics(self, model: str = "") -> list[dict[str, Any]]:
+        """Triton's statistics extension for one model, or all (`GET v2/models[/NAME]/stats`):
+        per model version, cumulative counts and times, also per exact batch size."""
+        found = await self._call("statistics", self._triton().get_inference_statistics(model))
+        stats: list[dict[str, Any]] = found.get("model_stats", [])
+        return stats
 
     async def metrics_text(self) -> str:
         """Triton's Prometheus metrics page."""

@@ -1,0 +1,104 @@
+"""The sidecar's command line: `batchpilot sidecar`, and `python -m batchpilot_sidecar`, which
+starts without the policy models and the operator's libraries (half the memory) for containers.
+
+This module only declares arguments; the sidecar itself is imported when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+DESCRIPTION = (
+    "Every interval: read NVML (or a DCGM exporter), Triton's metrics and its statistics "
+    "extension; fit each model's step time t0 + c*b^alpha; serve /metrics "
+    "(batchpilot_sidecar_*), /status (JSON; ?sloP95Ms=... for a queue-delay recommendation) and "
+    "/healthz. Works without a GPU and says so. Stops cleanly on SIGTERM or Ctrl-C."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--triton-url",
+        required=True,
+        metavar="URL",
+        help="Triton HTTP endpoint, e.g. http://127.0.0.1:8000",
+    )
+    parser.add_argument(
+        "--metrics-url", metavar="URL", help="Triton metrics (default: same host, port 8002)"
+    )
+    parser.add_argument(
+        "--listen", default="0.0.0.0:9400", help="HOST:PORT for /metrics, /status, /healthz"
+    )
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between readings")
+    parser.add_argument(
+        "--dcgm-url", metavar="URL", help="a DCGM exporter's /metrics, used when NVML gives nothing"
+    )
+    parser.add_argument(
+        "--pod-name",
+        default=os.environ.get("POD_NAME") or os.environ.get("HOSTNAME"),
+        help="keep only this pod's GPUs on a DCGM page that maps pods (default: $POD_NAME, "
+        "else $HOSTNAME)",
+    )
+    parser.add_argument(
+        "--slo-p95-ms",
+        type=float,
+        metavar="MS",
+        help="p95 objective for the recommendation gauges on /metrics (/status takes its own)",
+    )
+    parser.add_argument(
+        "--models", metavar="A,B", help="only these models (default: every model Triton serves)"
+    )
+    parser.add_argument(
+        "--max-models", type=int, default=64, help="most models tracked at once (memory bound)"
+    )
+    parser.add_argument(
+        "--rate-window", type=float, default=10.0, help="seconds over which rates are reported"
+    )
+    parser.add_argument(
+        "--fit-window", type=float, default=600.0, help="seconds of step-time observations fitted"
+    )
+
+
+def run(arguments: argparse.Namespace) -> int:
+    """Run the sidecar until SIGTERM or Ctrl-C. Invalid arguments raise ValueError."""
+    from batchpilot_sidecar import collecting, recommending, serving
+
+    objective = (
+        recommending.Objective(p95_ms=arguments.slo_p95_ms) if arguments.slo_p95_ms else None
+    )
+    return asyncio.run(
+        serving.run_sidecar(
+            triton_url=arguments.triton_url,
+            metrics_url=arguments.metrics_url,
+            listen=serving.parse_listen(arguments.listen),
+            settings=collecting.Settings(
+                interval=arguments.interval,
+                rate_window=arguments.rate_window,
+                fit_window=arguments.fit_window,
+                max_models=arguments.max_models,
+            ),
+            dcgm_url=arguments.dcgm_url,
+            pod=arguments.pod_name,
+            default_objective=objective,
+            models=[name for name in (arguments.models or "").split(",") if name],
+        )
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m batchpilot_sidecar", description=DESCRIPTION)
+    add_arguments(parser)
+    arguments = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return run(arguments)
+    except ValueError as error:
+        print(f"batchpilot sidecar: {error}", file=sys.stderr)
+        return 2

@@ -1,0 +1,293 @@
+"""GPU telemetry: NVML for the GPUs this container sees, a DCGM exporter where one is configured.
+
+NVML (through NVIDIA's `pynvml` bindings, the `nvidia-ml-py` distribution) enumerates the GPUs
+mounted into the container, which in a Kubernetes pod are the GPUs it was given. Every reading
+is taken field by field: a GPU that does not support one query (power on some boards, clocks
+under virtualisation) still reports the others, and the failure is named. Where NVML cannot be
+loaded — no library, no driver, no GPU — the sidecar keeps working and reports the GPU as
+unavailable with the reason; it never reports a number it did not read. Initialisation is
+retried now and then, since a driver may come up after the container.
+
+A DCGM exporter sees every GPU of its node; its page is used when NVML gives nothing, and only
+its series for this pod when they carry pod labels (DCGM's Kubernetes mapping).
+
+The NVML module is injectable, so that tests can pass a fake one: every code path here runs on
+machines without a GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+Source = Literal["nvml", "dcgm"]
+NVML_RETRY_SECONDS = 60.0
+
+_MIB = 1024.0 * 1024.0
+# DCGM exporter fields (its default counters) and how to turn them into our units.
+_DCGM_FIELDS: Mapping[str, tuple[str, Callable[[float], float]]] = {
+    "DCGM_FI_DEV_GPU_UTIL": ("utilization", lambda percent: percent / 100.0),
+    "DCGM_FI_DEV_FB_USED": ("memory_used_bytes", lambda mib: mib * _MIB),
+    "DCGM_FI_DEV_FB_FREE": ("memory_free_bytes", lambda mib: mib * _MIB),
+    "DCGM_FI_DEV_POWER_USAGE": ("power_watts", float),
+    "DCGM_FI_DEV_POWER_MGMT_LIMIT": ("power_limit_watts", float),
+    "DCGM_FI_DEV_SM_CLOCK": ("sm_clock_mhz", float),
+    "DCGM_FI_DEV_GPU_TEMP": ("temperature_celsius", float),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuReading:
+    """One GPU at one instant; a value that could not be read is None, and `problems` says why."""
+
+    index: int
+    uuid: str | None = None
+    name: str | None = None
+    utilization: float | None = None
+    """Fraction of the last sample period during which a kernel ran, 0 to 1."""
+    memory_used_bytes: float | None = None
+    memory_total_bytes: float | None = None
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    sm_clock_mhz: float | None = None
+    temperature_celsius: float | None = None
+    problems: tuple[str, ...] = ()
+
+    @property
+    def memory_free_bytes(self) -> float | None:
+        if self.memory_used_bytes is None or self.memory_total_bytes is None:
+            return None
+        return self.memory_total_bytes - self.memory_used_bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuTelemetry:
+    source: Source | None
+    gpus: tuple[GpuReading, ...] = ()
+    reason: str | None = None
+    """Why there are no readings, when there are none."""
+
+    @property
+    def available(self) -> bool:
+        return self.source is not None and bool(self.gpus)
+
+    def least_free_memory(self) -> float | None:
+        """Free memory of the fullest GPU, where every GPU's is known."""
+        free = [gpu.memory_free_bytes for gpu in self.gpus]
+        known = [value for value in free if value is not None]
+        return min(known) if known and len(known) == len(free) else None
+
+
+def import_nvml() -> Any:
+    """NVIDIA's NVML bindings. The deprecated `pynvml` wrapper distribution, where it is still
+    installed next to them, warns on every import; the module itself is the same."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The pynvml package is deprecated")
+        return importlib.import_module("pynvml")
+
+
+class NvmlReader:
+    """Reads every GPU NVML enumerates. Blocking: run `read` in a worker thread."""
+
+    def __init__(
+        self,
+        *,
+        load: Callable[[], Any] = import_nvml,
+        retry_seconds: float = NVML_RETRY_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._load = load
+        self._retry_seconds = retry_seconds
+        self._clock = clock
+        self._nvml: Any = None
+        self._failure: str | None = None
+        self._retry_at = float("-inf")
+
+    def read(self) -> GpuTelemetry:
+        nvml = self._initialised()
+        if nvml is None:
+            return GpuTelemetry(source=None, reason=self._failure)
+        try:
+            count = int(nvml.nvmlDeviceGetCount())
+        except nvml.NVMLError as error:
+            return GpuTelemetry(source=None, reason=f"NVML could not count GPUs: {error}")
+        if count == 0:
+            return GpuTelemetry(source=None, reason="NVML sees no GPU in this container")
+        return GpuTelemetry(source="nvml", gpus=tuple(self._device(nvml, i) for i in range(count)))
+
+    def close(self) -> None:
+        if self._nvml is not None:
+            # Nothing is left to release if the driver went away.
+            with contextlib.suppress(self._nvml.NVMLError):
+                self._nvml.nvmlShutdown()
+            self._nvml = None
+
+    def _initialised(self) -> Any:
+        if self._nvml is not None:
+            return self._nvml
+        if self._clock() < self._retry_at:
+            return None
+        self._retry_at = self._clock() + self._retry_seconds
+        try:
+            nvml = self._load()
+        except ImportError as error:
+            self._failure = f"the NVML bindings (nvidia-ml-py) are not installed: {error}"
+            return None
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError as error:
+            self._failure = f"NVML could not be initialised: {error}"
+            return None
+        self._nvml = nvml
+        self._failure = None
+        return nvml
+
+    @staticmethod
+    def _device(nvml: Any, index: int) -> GpuReading:
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        except nvml.NVMLError as error:
+            return GpuReading(index=index, problems=(f"handle: {error}",))
+        problems: list[str] = []
+
+        def query(what: str, call: Callable[[], Any]) -> Any:
+            try:
+                return call()
+            except nvml.NVMLError as error:
+                problems.append(f"{what}: {error}")
+                return None
+
+        name = query("name", lambda: nvml.nvmlDeviceGetName(handle))
+        uuid = query("uuid", lambda: nvml.nvmlDeviceGetUUID(handle))
+        rates = query("utilization", lambda: nvml.nvmlDeviceGetUtilizationRates(handle))
+        memory = query("memory", lambda: nvml.nvmlDeviceGetMemoryInfo(handle))
+        power = query("power", lambda: nvml.nvmlDeviceGetPowerUsage(handle))
+        limit = query("power limit", lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(handle))
+        clock = query("SM clock", lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))
+        temperature = query(
+            "temperature",
+            lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU),
+        )
+        return GpuReading(
+            index=index,
+            uuid=_text(uuid),
+            name=_text(name),
+            utilization=float(rates.gpu) / 100.0 if rates is not None else None,
+            memory_used_bytes=float(memory.used) if memory is not None else None,
+            memory_total_bytes=float(memory.total) if memory is not None else None,
+            power_watts=float(power) / 1000.0 if power is not None else None,  # milliwatts
+            power_limit_watts=float(limit) / 1000.0 if limit is not None else None,
+            sm_clock_mhz=float(clock) if clock is not None else None,
+            temperature_celsius=float(temperature) if temperature is not None else None,
+            problems=tuple(problems),
+        )
+
+
+def _text(value: Any) -> str | None:
+    # Older bindings return bytes.
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def parse_dcgm(text: str, *, pod: str | None = None) -> tuple[GpuReading, ...]:
+    """GPU readings from a DCGM exporter page. With `pod`, and where the exporter labels series
+    with the pod using each GPU (its Kubernetes mapping), only that pod's GPUs."""
+    values: dict[str, dict[str, float]] = {}
+    identities: dict[str, tuple[str | None, str | None]] = {}
+    pods: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(text):
+        target = _DCGM_FIELDS.get(family.name)
+        if target is None:
+            continue
+        for sample in family.samples:
+            key = sample.labels.get("gpu")
+            if key is None:
+                continue
+            field_name, convert = target
+            values.setdefault(key, {})[field_name] = convert(sample.value)
+            identities[key] = (sample.labels.get("UUID"), sample.labels.get("modelName"))
+            if sample.labels.get("pod"):
+                pods.setdefault(key, set()).add(sample.labels["pod"])
+    if pod is not None and pods:
+        values = {key: fields for key, fields in values.items() if pod in pods.get(key, ())}
+    readings = []
+    for key, fields in sorted(values.items(), key=lambda item: _index(item[0])):
+        used, free = fields.get("memory_used_bytes"), fields.get("memory_free_bytes")
+        uuid, name = identities[key]
+        readings.append(
+            GpuReading(
+                index=_index(key),
+                uuid=uuid,
+                name=name,
+                utilization=fields.get("utilization"),
+                memory_used_bytes=used,
+                memory_total_bytes=used + free if used is not None and free is not None else None,
+                power_watts=fields.get("power_watts"),
+                power_limit_watts=fields.get("power_limit_watts"),
+                sm_clock_mhz=fields.get("sm_clock_mhz"),
+                temperature_celsius=fields.get("temperature_celsius"),
+            )
+        )
+    return tuple(readings)
+
+
+def _index(text: str) -> int:
+    return int(text) if text.isdigit() else -1
+
+
+class GpuMonitor:
+    """NVML first; the DCGM exporter when NVML gives nothing and one is configured."""
+
+    def __init__(
+        self,
+        nvml: NvmlReader,
+        *,
+        dcgm_url: str | None = None,
+        pod: str | None = None,
+        timeout: float = 2.0,
+    ) -> None:
+        self.nvml = nvml
+        self.dcgm_url = dcgm_url
+        self.pod = pod
+        self.timeout = timeout
+        self._session: aiohttp.ClientSession | None = None
+
+    async def read(self) -> GpuTelemetry:
+        telemetry = await asyncio.to_thread(self.nvml.read)
+        if telemetry.available or self.dcgm_url is None:
+            return telemetry
+        try:
+            readings = parse_dcgm(await self._dcgm_page(self.dcgm_url), pod=self.pod)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as error:
+            return GpuTelemetry(
+                source=None, reason=f"{telemetry.reason}; DCGM exporter {self.dcgm_url}: {error}"
+            )
+        if not readings:
+            return GpuTelemetry(
+                source=None,
+                reason=f"{telemetry.reason}; DCGM exporter {self.dcgm_url} reports no GPU",
+            )
+        return GpuTelemetry(source="dcgm", gpus=readings)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.nvml.close)
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _dcgm_page(self, url: str) -> str:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
+        async with self._session.get(url) as response:
+            response.raise_for_status()
+            return await response.text()

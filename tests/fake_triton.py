@@ -1,0 +1,152 @@
+"""A scripted Triton for the sidecar's unit tests: cumulative counters advanced by hand, served as
+Triton's metrics page (its families and labels) and statistics-extension JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from batchpilot.triton import servers
+
+
+@dataclasses.dataclass
+class FakeModel:
+    name: str
+    max_batch_size: int = 128
+    queue_delay_us: int = 1000
+    memory_per_item_bytes: float | None = None
+    succeeded: int = 0
+    failed: int = 0
+    inferences: int = 0
+    executions: int = 0
+    request_us: float = 0.0
+    queue_us: float = 0.0
+    compute_us: float = 0.0
+    pending: int = 0
+    quantiles_us: dict[float, float] = dataclasses.field(default_factory=dict)
+    batch_stats: dict[int, list[int]] = dataclasses.field(default_factory=dict)
+    """Batch size -> [executions, compute nanoseconds]."""
+
+    def run(
+        self,
+        *,
+        batch_size: int,
+        executions: int,
+        step_ms: float,
+        queue_ms: float = 1.0,
+        items_per_request: int = 1,
+    ) -> None:
+        """Executions of one batch size, each of `batch_size / items_per_request` requests."""
+        requests = executions * batch_size // items_per_request
+        self.succeeded += requests
+        self.inferences += executions * batch_size
+        self.executions += executions
+        self.queue_us += requests * queue_ms * 1000
+        self.compute_us += requests * step_ms * 1000  # every request accrues its batch's
+        self.request_us += requests * (queue_ms + step_ms) * 1000
+        count, nanoseconds = self.batch_stats.get(batch_size, [0, 0])
+        self.batch_stats[batch_size] = [
+            count + executions,
+            nanoseconds + round(executions * step_ms * 1e6),
+        ]
+
+    def reload(self) -> None:
+        """A reload starts the statistics afresh (the metrics too, as new series)."""
+        self.batch_stats = {}
+
+
+class FakeTriton:
+    url = "http://triton.test:8000"
+    metrics_url = "http://triton.test:8002/metrics"
+
+    def __init__(self, *models: FakeModel) -> None:
+        self.models = {model.name: model for model in models}
+        self.down = False
+        self.summaries = True
+        self.config_reads = 0
+
+    def add(self, model: FakeModel) -> FakeModel:
+        self.models[model.name] = model
+        return model
+
+    def _check(self, what: str) -> None:
+        if self.down:
+            raise servers.Unreachable(self.url, f"{what}: Connection refused")
+
+    async def metrics_text(self) -> str:
+        self._check("metrics")
+        families: dict[str, list[str]] = {}
+
+        def add(family: str, kind: str, labels: str, value: float) -> None:
+            lines = families.setdefault(family, [f"# TYPE {family} {kind}"])
+            lines.append(f"{family}{{{labels}}} {value}")
+
+        for model in self.models.values():
+            labels = f'model="{model.name}",version="1"'
+            add("nv_inference_request_success", "counter", labels, model.succeeded)
+            add(
+                "nv_inference_request_failure",
+                "counter",
+                f'{labels},reason="BACKEND"',
+                model.failed,
+            )
+            add("nv_inference_count", "counter", labels, model.inferences)
+            add("nv_inference_exec_count", "counter", labels, model.executions)
+            add("nv_inference_request_duration_us", "counter", labels, model.request_us)
+            add("nv_inference_queue_duration_us", "counter", labels, model.queue_us)
+            add("nv_inference_compute_infer_duration_us", "counter", labels, model.compute_us)
+            add("nv_inference_pending_request_count", "gauge", labels, model.pending)
+        if self.summaries:
+            family = "nv_inference_request_summary_us"
+            lines = families.setdefault(family, [f"# TYPE {family} summary"])
+            for model in self.models.values():
+                labels = f'model="{model.name}",version="1"'
+                lines.append(f"{family}_count{{{labels}}} {model.succeeded}")
+                lines.append(f"{family}_sum{{{labels}}} {model.request_us}")
+                for quantile in (0.5, 0.9, 0.95, 0.99):
+                    value = model.quantiles_us.get(quantile, float("nan"))
+                    lines.append(f'{family}{{{labels},quantile="{quantile}"}} {value}')
+        return "\n".join(line for lines in families.values() for line in lines) + "\n"
+
+    async def statistics(self, model: str = "") -> list[dict[str, Any]]:
+        self._check("statistics")
+        return [
+            {
+                "name": served.name,
+                "version": "1",
+                "inference_count": served.inferences,
+                "execution_count": served.executions,
+                "batch_stats": [
+                    {
+                        "batch_size": size,
+                        "compute_input": {"count": count, "ns": count * 1000},
+                        "compute_infer": {"count": count, "ns": nanoseconds},
+                        "compute_output": {"count": count, "ns": count * 1000},
+                    }
+                    for size, (count, nanoseconds) in sorted(served.batch_stats.items())
+                ],
+            }
+            for served in self.models.values()
+            if not model or served.name == model
+        ]
+
+    async def model_config(self, model: str) -> dict[str, Any]:
+        self._check(f"config of {model}")
+        self.config_reads += 1
+        served = self.models.get(model)
+        if served is None:
+            raise servers.ModelUnavailable(self.url, f"config of {model}: unknown model")
+        config: dict[str, Any] = {
+            "name": model,
+            "max_batch_size": served.max_batch_size,
+            "dynamic_batching": {
+                "max_queue_delay_microseconds": served.queue_delay_us,
+                "preferred_batch_size": [],
+            },
+            "parameters": {},
+        }
+        if served.memory_per_item_bytes is not None:
+            config["parameters"]["batchpilot.dev/memory-per-item-bytes"] = {
+                "string_value": str(served.memory_per_item_bytes)
+            }
+        return config

@@ -1,0 +1,369 @@
+"""The sidecar against a real tritonserver serving gpu_sim: the step-time fit recovers the emulated
+accelerator, the recommended queue delay meets a p95 objective that static bulk settings miss,
+and the standalone runner autotunes from a real sidecar process.
+
+One server and one sidecar serve the module. The calibration load mixes requests of 1 to 64
+items at a few per second each, all at once, under a 30 ms queue delay: batches of many sizes
+form (requests merge), executions rarely overlap (so they seldom wait for the shared device),
+and whatever slowly drifts on a busy 2-core machine (CPU contention, Python-backend wake-ups)
+touches every batch size alike instead of biasing the sizes measured late.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Coroutine, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tritonclient.http
+from prometheus_client.parser import text_string_to_metric_families
+
+from batchpilot import demo_models, loadgen, local_triton, running, telemetry
+from batchpilot.policy import rendering, specs
+from batchpilot.signals import sidecars
+from batchpilot.triton import actuators, scraping, servers
+from builders import make_spec
+from triton_fixtures import TritonFactory, triton_client
+
+pytestmark = pytest.mark.integration
+
+GPU_SIM = demo_models.GPU_SIM
+CALIBRATION_SIZES = (1, 2, 4, 8, 16, 32, 64)
+CALIBRATION_RATE = 3.0  # requests per second of each size
+CALIBRATION_SECONDS = 20.0
+CALIBRATION_DELAY_US = 30_000
+# The objective and the load of the SLO test: at 100 requests per second, a bulk profile that
+# waits 100 ms for batches answers in well over 80 ms; the recommended delay must not.
+SLO_P95_MS = 80.0
+RATE = 100.0
+MEASURE_SECONDS = 10.0
+
+
+def get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.loads(response.read())
+
+
+@contextmanager
+def sidecar_process(server: local_triton.LocalTriton, log: Path, *extra: str) -> Iterator[str]:
+    """`batchpilot sidecar` for `server` as a child process; yields its URL once healthy."""
+    (port,) = local_triton.free_ports("127.0.0.1", 1)
+    url = f"http://127.0.0.1:{port}"
+    command = [
+        sys.executable,
+        "-m",
+        "batchpilot",
+        "sidecar",
+        "--triton-url",
+        server.http_url,
+        "--metrics-url",
+        server.metrics_url,
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--interval",
+        "0.5",
+        "--rate-window",
+        "5",
+        *extra,
+    ]
+    with log.open("w") as output, subprocess.Popen(command, stderr=output) as process:
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                assert process.poll() is None, log.read_text()
+                try:
+                    with urllib.request.urlopen(f"{url}/healthz", timeout=1):
+                        break
+                except (urllib.error.URLError, ConnectionError):
+                    assert time.monotonic() < deadline, "the sidecar did not come up"
+                    time.sleep(0.1)
+            yield url
+        finally:
+            process.terminate()
+            process.wait(timeout=20)
+    assert process.returncode == 0, log.read_text()
+    assert log.read_text().rstrip().endswith("stopped")
+
+
+def run_async(coroutine: Coroutine[Any, Any, Any]) -> Any:
+    """For module-scoped fixtures: a private event loop, leaving the current one alone."""
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coroutine)
+    finally:
+        loop.close()
+
+
+async def mixed_load(server: local_triton.LocalTriton, seconds: float) -> None:
+    async def one_size(seed: int, items: int) -> loadgen.LoadResult:
+        payload = loadgen.InferencePayload.for_input(
+            model=GPU_SIM, input_name="INPUT", datatype="FP32", shape=[items, 16]
+        )
+        phases = [loadgen.Phase(rate=CALIBRATION_RATE, seconds=seconds)]
+        return await loadgen.run_load(
+            base_url=server.http_url, payload=payload, phases=phases, seed=seed
+        )
+
+    results = await asyncio.gather(*(one_size(i, n) for i, n in enumerate(CALIBRATION_SIZES)))
+    assert all(result.summary().failed == 0 for result in results)
+
+
+async def steady_load(server: local_triton.LocalTriton, seconds: float) -> loadgen.LoadSummary:
+    payload = loadgen.InferencePayload.for_input(
+        model=GPU_SIM, input_name="INPUT", datatype="FP32", shape=[1, 16]
+    )
+    result = await loadgen.run_load(
+        base_url=server.http_url,
+        payload=payload,
+        phases=[loadgen.Phase(rate=RATE, seconds=seconds)],
+        seed=7,
+    )
+    return result.summary()
+
+
+async def apply(server: local_triton.LocalTriton, profile: dict[str, Any], name: str) -> None:
+    async with servers.TritonServer(server.http_url) as triton:
+        settings = rendering.render(specs.Profile.model_validate(profile))
+        await actuators.apply_profile(triton, GPU_SIM, settings, profile=name)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    sidecar_url: str
+    step_time: dict[str, Any]
+    truth: demo_models.StepTime
+    overhead_ms: float
+    """Triton's compute time per execution beyond the emulated device's: the Python backend's
+    own cost, which the step time Triton reports includes."""
+
+
+def compute_totals(client: tritonclient.http.InferenceServerClient) -> tuple[float, int]:
+    """Compute milliseconds and executions over every batch size, from the statistics API."""
+    (stats,) = client.get_inference_statistics(GPU_SIM)["model_stats"]
+    infer = [batch["compute_infer"] for batch in stats["batch_stats"]]
+    return sum(i["ns"] for i in infer) / 1e6, sum(i["count"] for i in infer)
+
+
+@pytest.fixture(scope="module")
+def server(module_triton_server: TritonFactory) -> local_triton.LocalTriton:
+    return module_triton_server(GPU_SIM)
+
+
+@pytest.fixture(scope="module")
+def calibration(
+    server: local_triton.LocalTriton, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Calibration]:
+    """The sidecar, after it watched the calibration load."""
+    run_async(apply(server, {"maxQueueDelayMicroseconds": CALIBRATION_DELAY_US}, "calibration"))
+    run_async(mixed_load(server, 2.0))  # the first executions after a load are slow
+    log = tmp_path_factory.mktemp("sidecar") / "sidecar.log"
+    with sidecar_process(server, log) as url, triton_client(server) as client:
+        truth = demo_models.StepTime.from_model_config(client.get_model_config(GPU_SIM))
+        with urllib.request.urlopen(server.metrics_url, timeout=10) as page:
+            before = scraping.parse(page.read().decode())
+        compute_before = compute_totals(client)
+        run_async(mixed_load(server, CALIBRATION_SECONDS))
+        load_ended = time.monotonic()
+        with urllib.request.urlopen(server.metrics_url, timeout=10) as page:
+            after = scraping.parse(page.read().decode())
+        compute_ms, executions = (
+            total - earlier
+            for total, earlier in zip(compute_totals(client), compute_before, strict=True)
+        )
+        device = scraping.increase(before, after, GPU_SIM)
+        device_ms = 1000 * (device.device_busy_seconds + device.device_wait_seconds)
+        # The sidecar refits at most every 5 s, after reading the statistics: wait for a fit
+        # made after the load (all its responses were in).
+        deadline = time.monotonic() + 15
+        while True:
+            step_time = get_json(f"{url}/status")["models"][GPU_SIM]["stepTime"]
+            since_load = time.monotonic() - load_ended
+            if step_time["status"] == "fitted" and step_time["fittedAgoSeconds"] < since_load - 0.1:
+                break
+            assert time.monotonic() < deadline, step_time
+            time.sleep(0.5)
+        yield Calibration(
+            sidecar_url=url,
+            step_time=step_time,
+            truth=truth,
+            overhead_ms=(compute_ms - device_ms) / executions,
+        )
+
+
+@pytest.mark.timeout(150)
+def test_the_fit_recovers_the_emulated_step_time_within_15_percent(
+    calibration: Calibration,
+) -> None:
+    fitted, truth = calibration.step_time, calibration.truth
+    device_t0 = fitted["t0Ms"] - calibration.overhead_ms
+    print(
+        f"\nstep time fitted: t0 {fitted['t0Ms']:.3f} ms (minus {calibration.overhead_ms:.3f} ms "
+        f"of Python-backend overhead: {device_t0:.3f}; truth {truth.base_ms}), c "
+        f"{fitted['cMs']:.4f} ms (truth {truth.per_item_ms}), alpha {fitted['alpha']:.3f} "
+        f"(truth {truth.exponent}); R^2 {fitted['rSquared']:.4f}, RMSE {fitted['rmseMs']:.3f} ms, "
+        f"{len(fitted['batchSizes'])} batch sizes from {fitted['batchSizes'][0]} to "
+        f"{fitted['batchSizes'][-1]}, {fitted['executions']} executions"
+    )
+    assert fitted["cMs"] == pytest.approx(truth.per_item_ms, rel=0.15)
+    assert fitted["alpha"] == pytest.approx(truth.exponent, rel=0.15)
+    # Triton's compute time includes what the Python backend spends around the emulated device
+    # (about a millisecond here), and so does the fitted fixed cost.
+    assert device_t0 == pytest.approx(truth.base_ms, rel=0.15)
+    assert fitted["t0Ms"] > truth.base_ms
+    assert fitted["rSquared"] > 0.95
+    assert len(fitted["batchSizes"]) >= 8
+    assert fitted["span"] >= 64
+
+
+def policy(*, autotune: bool) -> specs.BatchPolicySpec:
+    return make_spec(
+        target={"selector": {}, "models": [GPU_SIM]},
+        profiles={"bulk": {"maxQueueDelayMicroseconds": 100_000, "preferredBatchSizes": [64, 128]}},
+        defaultProfile="bulk",
+        slo={
+            "p95LatencyMs": SLO_P95_MS,
+            "autotune": autotune,
+            "minQueueDelayMicroseconds": 100,
+            "maxQueueDelayMicroseconds": 100_000,
+        },
+    )
+
+
+def runner_for(
+    server: local_triton.LocalTriton, sidecar_url: str, spec: specs.BatchPolicySpec
+) -> running.Runner:
+    triton = servers.TritonServer(server.http_url)
+    return running.Runner(
+        name="slo",
+        spec=spec,
+        triton_servers=[triton],
+        source=sidecars.SidecarSource([sidecar_url], models=[GPU_SIM], slo=spec.slo),
+        metrics=telemetry.controller_metrics(),
+    )
+
+
+async def close(runner: running.Runner) -> None:
+    await runner.source.close()
+    for triton in runner.servers:
+        await triton.close()
+
+
+def delay_of(report: running.TickReport) -> int:
+    delay: int = report.decision.settings.dynamic_batching["max_queue_delay_microseconds"]
+    return delay
+
+
+@pytest.mark.timeout(150)
+async def test_the_recommended_delay_meets_the_slo_where_static_bulk_does_not(
+    server: local_triton.LocalTriton, calibration: Calibration
+) -> None:
+    static_runner = runner_for(server, calibration.sidecar_url, policy(autotune=False))
+    tuned_runner = runner_for(server, calibration.sidecar_url, policy(autotune=True))
+    try:
+        static_report = await static_runner.tick()
+        assert static_report.outcomes[0].state == "updated"
+        assert delay_of(static_report) == 100_000
+        static = await steady_load(server, MEASURE_SECONDS)
+
+        # Autotune reads the sidecar while the load runs, as it would in production; the
+        # reload it causes falls outside the measured run.
+        settling = asyncio.create_task(steady_load(server, 6.0))
+        await asyncio.sleep(5.0)
+        tuned_report = await tuned_runner.tick()
+        await settling
+        recommended = tuned_report.reading.signals.metrics["recommendedQueueDelayMicroseconds"]
+        tuned_delay = delay_of(tuned_report)
+        assert tuned_report.outcomes[0].reloads == 1
+        tuned = await steady_load(server, MEASURE_SECONDS)
+        status = get_json(f"{calibration.sidecar_url}/status?sloP95Ms={SLO_P95_MS:g}")
+    finally:
+        await close(static_runner)
+        await close(tuned_runner)
+
+    delay = status["models"][GPU_SIM]["recommendation"]["queueDelay"]
+    print(
+        f"\nSLO p95 {SLO_P95_MS:g} ms at {RATE:g} req/s: static bulk (100 ms delay) p95 "
+        f"{static.latency_p95_ms:.1f} ms; recommended delay {recommended:.0f} us (applied "
+        f"{tuned_delay} us, expected batch {delay['expectedBatchSize']:.1f}) p95 "
+        f"{tuned.latency_p95_ms:.1f} ms; p50 {static.latency_p50_ms:.1f} -> "
+        f"{tuned.latency_p50_ms:.1f} ms"
+    )
+    assert static.failed == tuned.failed == 0
+    assert tuned_delay == round(recommended)
+    assert static.latency_p95_ms is not None
+    assert tuned.latency_p95_ms is not None
+    assert static.latency_p95_ms > SLO_P95_MS
+    assert tuned.latency_p95_ms <= SLO_P95_MS
+
+
+@pytest.mark.timeout(150)
+def test_the_runner_command_autotunes_from_a_sidecar(
+    server: local_triton.LocalTriton, calibration: Calibration, tmp_path: Path
+) -> None:
+    (listen_port,) = local_triton.free_ports("127.0.0.1", 1)
+    policy_file = tmp_path / "policy.yaml"
+    policy_file.write_text(
+        "apiVersion: batchpilot.dev/v1alpha1\nkind: BatchPolicy\nmetadata: {name: tuned}\n"
+        "spec:\n  target: {selector: {}, models: [gpu_sim]}\n"
+        "  profiles: {bulk: {maxQueueDelayMicroseconds: 100000}}\n"
+        "  defaultProfile: bulk\n  load: {source: sidecar}\n"
+        "  slo: {p95LatencyMs: 30, autotune: true, minQueueDelayMicroseconds: 100,"
+        " maxQueueDelayMicroseconds: 100000}\n",
+        encoding="utf-8",
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "batchpilot",
+        "run",
+        "--policy",
+        str(policy_file),
+        "--triton",
+        server.http_url,
+        "--sidecar",
+        calibration.sidecar_url,
+        "--interval",
+        "0.5",
+        "--listen",
+        f"127.0.0.1:{listen_port}",
+    ]
+    with subprocess.Popen(command, stderr=subprocess.PIPE, text=True) as process:
+        assert process.stderr is not None
+        log: list[str] = []
+        for line in process.stderr:
+            log.append(line)
+            if "applied bulk to gpu_sim" in line:
+                break
+        url = f"http://127.0.0.1:{listen_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as page:
+            metrics = page.read().decode()
+        process.terminate()
+        _, rest = process.communicate(timeout=20)
+        log.append(rest)
+    output = "".join(log)
+    assert process.returncode == 0, output
+    assert f"signals from sidecars {calibration.sidecar_url}" in output
+    found = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(metrics)
+        for sample in family.samples
+    }
+    recommended = found[
+        (
+            "batchpilot_signal",
+            (("metric", "recommendedQueueDelayMicroseconds"), ("policy", "tuned")),
+        )
+    ]
+    applied = found[("batchpilot_queue_delay_microseconds", (("policy", "tuned"),))]
+    # An idle model makes batches of one: the delay is what the objective leaves after one step.
+    assert 100 <= applied == round(recommended) < 30_000

@@ -1,0 +1,213 @@
+"""GPU telemetry without a GPU: NVML through a fake library object, DCGM pages, fallbacks."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from batchpilot import local_triton
+from batchpilot_sidecar import gpus
+from fake_nvml import GIB, FakeGpu, FakeNvml
+
+
+def reader(library: FakeNvml | Callable[[], Any], **options: Any) -> gpus.NvmlReader:
+    load = library if callable(library) and not isinstance(library, FakeNvml) else lambda: library
+    return gpus.NvmlReader(load=load, **options)
+
+
+def test_every_gpu_is_read_in_our_units() -> None:
+    library = FakeNvml(FakeGpu(), FakeGpu(uuid="GPU-0001", utilization_percent=90))
+    telemetry = reader(library).read()
+    assert telemetry.available
+    assert telemetry.source == "nvml"
+    first, second = telemetry.gpus
+    assert first == gpus.GpuReading(
+        index=0,
+        uuid="GPU-0000",
+        name="NVIDIA L4",
+        utilization=0.37,
+        memory_used_bytes=6 * GIB,
+        memory_total_bytes=24 * GIB,
+        power_watts=41.5,
+        power_limit_watts=72.0,
+        sm_clock_mhz=2040,
+        temperature_celsius=55,
+    )
+    assert first.memory_free_bytes == 18 * GIB
+    assert (second.index, second.uuid, second.utilization) == (1, "GPU-0001", 0.9)
+    assert telemetry.least_free_memory() == 18 * GIB
+
+
+def test_without_the_bindings_the_gpu_is_unavailable_and_says_why() -> None:
+    def missing() -> Any:
+        raise ModuleNotFoundError("No module named 'pynvml'")
+
+    telemetry = reader(missing).read()
+    assert not telemetry.available
+    assert telemetry.gpus == ()
+    assert telemetry.reason is not None
+    assert "nvidia-ml-py" in telemetry.reason
+    assert "No module named 'pynvml'" in telemetry.reason
+
+
+@pytest.mark.parametrize(
+    "error", ["NVML Shared Library Not Found", "Driver Not Loaded", "Insufficient Permissions"]
+)
+def test_when_nvml_cannot_start_the_reason_is_nvmls_own(error: str) -> None:
+    telemetry = reader(FakeNvml(FakeGpu(), init_error=error)).read()
+    assert not telemetry.available
+    assert telemetry.reason == f"NVML could not be initialised: {error}"
+
+
+def test_a_query_one_gpu_does_not_support_leaves_that_value_out_and_names_it() -> None:
+    library = FakeNvml(FakeGpu(), FakeGpu(uuid="GPU-0001", failing={"power": "Not Supported"}))
+    telemetry = reader(library).read()
+    healthy, partial = telemetry.gpus
+    assert healthy.problems == ()
+    assert partial.power_watts is None
+    assert partial.power_limit_watts == 72.0
+    assert partial.utilization == 0.37
+    assert partial.problems == ("power: Not Supported",)
+
+
+def test_a_lost_gpu_is_reported_with_nothing_but_its_problem() -> None:
+    library = FakeNvml(FakeGpu(), FakeGpu(failing={"handle": "GPU is lost"}))
+    telemetry = reader(library).read()
+    lost = telemetry.gpus[1]
+    assert lost == gpus.GpuReading(index=1, problems=("handle: GPU is lost",))
+    assert lost.memory_free_bytes is None
+    assert telemetry.least_free_memory() is None, "unknown for one GPU: unknown"
+
+
+def test_no_gpu_in_the_container_is_unavailable() -> None:
+    telemetry = reader(FakeNvml()).read()
+    assert not telemetry.available
+    assert telemetry.reason == "NVML sees no GPU in this container"
+
+
+def test_initialisation_is_retried_after_a_while_and_shut_down_at_close() -> None:
+    now = [0.0]
+    library = FakeNvml(FakeGpu(), init_error="Driver Not Loaded")
+    nvml = reader(library, retry_seconds=60, clock=lambda: now[0])
+    assert not nvml.read().available
+    now[0] = 30
+    assert not nvml.read().available
+    assert library.init_calls == 1, "no retry within the retry period"
+    library.init_error = None
+    now[0] = 61
+    assert nvml.read().available
+    assert library.init_calls == 2
+    nvml.close()
+    assert library.shutdown_calls == 1
+
+
+def test_the_real_bindings_on_this_machine_report_gpus_or_a_reason() -> None:
+    nvml = gpus.NvmlReader()
+    try:
+        telemetry = nvml.read()
+    finally:
+        nvml.close()
+    if telemetry.available:
+        assert all(gpu.memory_total_bytes for gpu in telemetry.gpus)
+    else:
+        assert telemetry.gpus == ()
+        assert telemetry.reason
+
+
+# A DCGM exporter page as its default counters and its Kubernetes pod mapping write it: two
+# GPUs of one node, each used by another pod.
+DCGM_LABELS = {
+    "0": 'gpu="0",UUID="GPU-aaaa",device="nvidia0",modelName="NVIDIA A10G",Hostname="node-1",'
+    'pod="triton-0",namespace="ml",container="triton"',
+    "1": 'gpu="1",UUID="GPU-bbbb",device="nvidia1",modelName="NVIDIA A10G",Hostname="node-1",'
+    'pod="other-0",namespace="ml",container="x"',
+}
+DCGM_VALUES = {
+    "DCGM_FI_DEV_SM_CLOCK": ("SM clock frequency (in MHz).", 1710, 210),
+    "DCGM_FI_DEV_GPU_TEMP": ("GPU temperature (in C).", 61, 33),
+    "DCGM_FI_DEV_POWER_USAGE": ("Power draw (in W).", 148.25, 24.5),
+    "DCGM_FI_DEV_GPU_UTIL": ("GPU utilization (in %).", 83, 0),
+    "DCGM_FI_DEV_FB_FREE": ("Framebuffer memory free (in MiB).", 8192, 22000),
+    "DCGM_FI_DEV_FB_USED": ("Framebuffer memory used (in MiB).", 14336, 528),
+    "DCGM_FI_DEV_XID_ERRORS": ("Value of the last XID error encountered.", 0, 0),
+}
+DCGM_PAGE = "".join(
+    f"# HELP {name} {help_text}\n# TYPE {name} gauge\n"
+    f"{name}{{{DCGM_LABELS['0']}}} {first}\n{name}{{{DCGM_LABELS['1']}}} {second}\n"
+    for name, (help_text, first, second) in DCGM_VALUES.items()
+)
+
+
+def test_a_dcgm_page_gives_every_gpu_in_our_units() -> None:
+    first, second = gpus.parse_dcgm(DCGM_PAGE)
+    assert first == gpus.GpuReading(
+        index=0,
+        uuid="GPU-aaaa",
+        name="NVIDIA A10G",
+        utilization=0.83,
+        memory_used_bytes=14336 * 1024**2,
+        memory_total_bytes=(14336 + 8192) * 1024**2,
+        power_watts=148.25,
+        sm_clock_mhz=1710,
+        temperature_celsius=61,
+    )
+    assert first.power_limit_watts is None, "not in DCGM's default counters: not invented"
+    assert second.uuid == "GPU-bbbb"
+
+
+def test_with_pod_labels_only_this_pods_gpus_are_kept() -> None:
+    (only,) = gpus.parse_dcgm(DCGM_PAGE, pod="triton-0")
+    assert only.uuid == "GPU-aaaa"
+    unlabelled = DCGM_PAGE.replace(',pod="triton-0"', "").replace(',pod="other-0"', "")
+    assert len(gpus.parse_dcgm(unlabelled, pod="triton-0")) == 2
+
+
+@pytest.fixture
+async def dcgm_url() -> AsyncIterator[str]:
+    async def page(_: web.Request) -> web.Response:
+        return web.Response(text=DCGM_PAGE)
+
+    app = web.Application()
+    app.router.add_get("/metrics", page)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    (port,) = local_triton.free_ports("127.0.0.1", 1)
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    yield f"http://127.0.0.1:{port}/metrics"
+    await runner.cleanup()
+
+
+async def test_the_monitor_falls_back_to_dcgm_when_nvml_gives_nothing(dcgm_url: str) -> None:
+    monitor = gpus.GpuMonitor(reader(FakeNvml(init_error="Driver Not Loaded")), dcgm_url=dcgm_url)
+    try:
+        telemetry = await monitor.read()
+    finally:
+        await monitor.close()
+    assert telemetry.source == "dcgm"
+    assert [gpu.uuid for gpu in telemetry.gpus] == ["GPU-aaaa", "GPU-bbbb"]
+
+
+async def test_the_monitor_prefers_nvml(dcgm_url: str) -> None:
+    monitor = gpus.GpuMonitor(reader(FakeNvml(FakeGpu())), dcgm_url=dcgm_url)
+    try:
+        telemetry = await monitor.read()
+    finally:
+        await monitor.close()
+    assert telemetry.source == "nvml"
+
+
+async def test_without_nvml_or_dcgm_both_reasons_are_given() -> None:
+    (port,) = local_triton.free_ports("127.0.0.1", 1)
+    monitor = gpus.GpuMonitor(
+        reader(FakeNvml(init_error="Driver Not Loaded")), dcgm_url=f"http://127.0.0.1:{port}/m"
+    )
+    try:
+        telemetry = await monitor.read()
+    finally:
+        await monitor.close()
+    assert not telemetry.available
+    assert telemetry.reason is not None
+    assert telemetry.reason.startswith("NVML could not be initialised: Driver Not Loaded; DCGM")
