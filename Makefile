@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: venv lint unit integration e2e test demo crds bench
+.PHONY: venv lint unit integration e2e test demo crds bench bench-short
 
 # The main job: a local Triton, the demo model, a policy and load; watch it switch.
 demo: venv
@@ -34,9 +34,18 @@ unit: venv
 integration: venv
 	$(PY) -m pytest tests/integration
 
-# The benchmarks with their figures (the sidecar's CPU and memory); `--short` in CI.
-bench: venv
+# The benchmarks with their full figures, one after another (over an hour on 2 cores: the policy
+# day alone is about 35 minutes); figures, JSON, Markdown and plots go to .bench/. The switch and
+# scale benchmarks use this checkout's local control plane, starting one if none is up.
+bench: venv k8s-bins
 	$(PY) tests/benchmarks/bench_sidecar.py
+	$(PY) tests/benchmarks/bench_policy.py
+	$(PY) tests/benchmarks/bench_switch.py
+	$(PY) tests/benchmarks/bench_scale.py
+
+# Their short modes, as CI runs them: figures printed, nothing about speed asserted.
+bench-short: venv k8s-bins
+	$(PY) -m pytest tests/benchmarks -m benchmark -s
 
 # Against a real API server: the local control plane (started and stopped by the suite), or the
 # cluster $$KUBECONFIG names if it is a test cluster.

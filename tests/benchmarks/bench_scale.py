@@ -55,7 +55,7 @@ from batchpilot import demo_models
 from batchpilot.policy import rendering, specs
 from batchpilot.triton import actuators, servers
 
-DEFAULT_OUT = benchmarking.REPO / ".run" / "benchmarks"
+DEFAULT_OUT = benchmarking.REPO / ".bench"
 RESULTS = Path(__file__).resolve().parent / "results"
 GROUP, VERSION, PLURAL = "batchpilot.dev", "v1alpha1", "batchpolicies"
 PROFILES: dict[str, dict[str, Any]] = {

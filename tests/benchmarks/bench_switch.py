@@ -42,7 +42,7 @@ from e2e.kubes import Kube
 
 from batchpilot import loadgen
 
-DEFAULT_OUT = benchmarking.REPO / ".run" / "benchmarks"
+DEFAULT_OUT = benchmarking.REPO / ".bench"
 RESULTS = Path(__file__).resolve().parent / "results"
 POLICY = "fleet"
 PROFILES: dict[str, dict[str, Any]] = {
