@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: venv deps lint unit integration e2e e2e-kind kind-down test demo crds chart helm-lint dashboard-png bench
+.PHONY: venv deps lint unit integration e2e e2e-kind kind-down test demo crds chart helm-lint dashboard-png bench bench-short
 
 # The main job: a local Triton, the demo model, a policy and load; watch it switch.
 demo: venv
@@ -59,19 +59,30 @@ unit: venv
 integration: venv deps
 	$(PY) -m pytest tests/integration
 
-# The benchmarks with their figures (the sidecar's CPU and memory); `--short` in CI.
-bench: venv
+# The benchmarks with their full figures, one after another (over an hour on 2 cores: the policy
+# day alone is about 35 minutes); figures, JSON, Markdown and plots go to .bench/. The switch and
+# scale benchmarks use this checkout's local control plane, starting one if none is up.
+bench: venv k8s-bins
 	$(PY) tests/benchmarks/bench_sidecar.py
+	$(PY) tests/benchmarks/bench_policy.py
+	$(PY) tests/benchmarks/bench_switch.py
+	$(PY) tests/benchmarks/bench_scale.py
+
+# Their short modes, as CI runs them: figures printed, nothing about speed asserted.
+bench-short: venv k8s-bins
+	$(PY) -m pytest tests/benchmarks -m benchmark -s
 
 # Against a real API server: the local control plane (started and stopped by the suite), or the
 # cluster $$KUBECONFIG names if it is a test cluster.
 e2e: venv k8s-bins
 	$(PY) -m pytest e2e --e2e
 
-# Everything CI runs (.ci/run): linters, unit and integration tests, the e2e suite.
+# Everything CI runs (.ci/run): linters, unit and integration tests, the e2e suite, and the
+# benchmarks in their short modes (figures printed, nothing about speed asserted).
 test: lint deps k8s-bins
 	$(PY) -m pytest tests
 	$(PY) -m pytest e2e --e2e
+	$(PY) -m pytest tests/benchmarks -m benchmark -s
 
 # The e2e control plane: Kubernetes, etcd, kwok and helm built from Go modules once per version
 # into ${BATCHPILOT_CACHE:-~/.cache/batchpilot} (slow the first time), run on loopback from .run/.

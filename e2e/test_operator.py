@@ -8,18 +8,16 @@ import asyncio
 import contextlib
 import copy
 import datetime
-import random
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import aiohttp
 import pytest
 
 from batchpilot import loadgen
-from e2e import fleet, operators, waiting
+from e2e import balancing, fleet, operators, waiting
 from e2e.kubes import Kube
 from e2e.operators import OperatorProcess
 
@@ -342,67 +340,6 @@ def test_operator_killed_mid_rollout_converges_after_restart(
     )
 
 
-class _ReadyBalancer:
-    """Sends each request to a random Ready pod, as a Service would: it follows readiness."""
-
-    def __init__(self, kube: Kube, namespace: str, ips: dict[str, str]) -> None:
-        self.kube, self.namespace, self.ips = kube, namespace, ips
-        self.ready: list[str] = list(ips.values())
-        self.gate_history: dict[str, list[str]] = {pod: [] for pod in ips}
-        self.stop = threading.Event()
-
-    def watch(self) -> None:
-        while not self.stop.is_set():
-            ready = []
-            for pod, ip in self.ips.items():
-                with contextlib.suppress(Exception):
-                    if fleet.pod_condition(self.kube, self.namespace, pod, "Ready") == "True":
-                        ready.append(ip)
-                    gate = (
-                        fleet.pod_condition(self.kube, self.namespace, pod, fleet.GATE) or "unset"
-                    )
-                    history = self.gate_history[pod]
-                    if not history or history[-1] != gate:
-                        history.append(gate)
-            self.ready = ready
-            self.stop.wait(0.05)
-
-    async def drive(self, *, rate: float, seconds: float) -> tuple[int, int, list[str]]:
-        payload = loadgen.InferencePayload.for_input(
-            model=fleet.MODEL, input_name="INPUT", datatype="FP32", shape=[1, 16]
-        )
-        failures: list[str] = []
-        sent = 0
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + seconds
-        tasks: set[asyncio.Task[None]] = set()
-        async with aiohttp.ClientSession() as session:
-
-            async def one(ip: str) -> None:
-                try:
-                    async with session.post(
-                        f"http://{ip}:8000/v2/models/{fleet.MODEL}/infer",
-                        data=payload.body,
-                        timeout=aiohttp.ClientTimeout(total=10),
-                    ) as response:
-                        await response.read()
-                        if response.status != 200:
-                            failures.append(f"{ip}: HTTP {response.status}")
-                except (aiohttp.ClientError, TimeoutError) as error:
-                    failures.append(f"{ip}: {error!r}")
-
-            while loop.time() < deadline:
-                targets = self.ready
-                if targets:
-                    task = asyncio.create_task(one(random.choice(targets)))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
-                    sent += 1
-                await asyncio.sleep(random.expovariate(rate))
-            await asyncio.gather(*tasks)
-        return sent, len(failures), failures[:5]
-
-
 @pytest.mark.timeout(150)
 def test_readiness_gate_switch_under_load_fails_no_request(
     kube: Kube, namespace: str, start_operator: StartOperator
@@ -417,24 +354,21 @@ def test_readiness_gate_switch_under_load_fails_no_request(
         lambda: all(fleet.pod_condition(kube, namespace, p, "Ready") == "True" for p in ips),
         timeout=20,
     )
-    balancer = _ReadyBalancer(kube, namespace, ips)
-    watcher = threading.Thread(target=balancer.watch, daemon=True)
-    watcher.start()
-    try:
+    with balancing.ReadyBalancer(kube, namespace, ips) as balancer:
 
-        async def load_and_switch() -> tuple[int, int, list[str]]:
-            driving = asyncio.create_task(balancer.drive(rate=150, seconds=25))
+        async def load_and_switch() -> list[loadgen.RequestRecord]:
+            driving = asyncio.create_task(balancer.drive([loadgen.Phase(rate=150, seconds=25)]))
             await asyncio.sleep(4)
             operators.apply_policy(
                 kube, namespace, policy(**spec, override={"profile": "interactive"})
             )
             return await driving
 
-        sent, failed, examples = asyncio.run(load_and_switch())
+        records = asyncio.run(load_and_switch())
         waiting.wait_for("interactive everywhere", everyone_serves(ips, "interactive"), timeout=30)
-    finally:
-        balancer.stop.set()
-        watcher.join(timeout=5)
+    sent = sum(record.sent is not None for record in records)
+    failures = [record for record in records if not record.succeeded]
+    failed, examples = len(failures), [record.error for record in failures[:5]]
     print(f"\n{sent} requests through the switch, {failed} failed; gates: {balancer.gate_history}")
     assert sent > 1000
     assert failed == 0, examples

@@ -146,6 +146,7 @@ class Controller:
                     task.cancel()
         finally:
             self.wakeups.pop((namespace, name), None)
+            self.reconciler.forget_policy(namespace, name)
             await state.close_source()
 
     async def _once(

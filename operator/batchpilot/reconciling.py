@@ -128,6 +128,13 @@ class Reconciler:
         self.metrics = metrics
         self.clock = clock
         self.settle_seconds = settle_seconds
+        # The fleet's clients are shared by every policy: a client is closed only once no
+        # policy targets its server, never because another policy's targets changed.
+        self._targets: dict[tuple[str, str], frozenset[str]] = {}
+
+    def forget_policy(self, namespace: str, name: str) -> None:
+        """The policy is gone: its servers no longer keep their clients open."""
+        self._targets.pop((namespace, name), None)
 
     async def reconcile(
         self,
@@ -158,7 +165,8 @@ class Reconciler:
             )
 
         targets, skipped = await self.pods.targets(namespace, policy.target)
-        await self.fleet.forget_all_but([target.http_url for target in targets])
+        self._targets[(namespace, name)] = frozenset(target.http_url for target in targets)
+        await self.fleet.forget_all_but(sorted(frozenset().union(*self._targets.values())))
         models, unreachable, missing = await self._models(targets, policy)
         for target in targets:
             key = f"unreachable/{target.name}"

@@ -24,6 +24,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -198,7 +199,7 @@ def benchmark(seconds: float, entry: str) -> Measurement:
             return measured
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--short", action="store_true", help="measure 10 s instead of 60 s")
     parser.add_argument("--seconds", type=float, help="seconds to measure")

@@ -47,6 +47,8 @@ class FakeFleet:
         self.in_flight = 0
         self.most_in_flight = 0
         self.apply_seconds = 0.0
+        self.kept: list[list[str]] = []
+        """The servers each forget_all_but call left open."""
 
     def _server(self, url: str) -> FakeServer:
         server = self.servers[url]
@@ -97,7 +99,7 @@ class FakeFleet:
         return servers.TritonServer(url)
 
     async def forget_all_but(self, urls: Sequence[str]) -> None:
-        return None
+        self.kept.append(sorted(urls))
 
 
 class FakeGates:

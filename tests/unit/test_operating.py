@@ -25,8 +25,12 @@ class ScriptedReconciler:
 
     def __init__(self, wake_after: float | None = None, fail_first: bool = False) -> None:
         self.calls: list[float] = []
+        self.forgotten: list[tuple[str, str]] = []
         self.wake_after = wake_after
         self.fail_first = fail_first
+
+    def forget_policy(self, namespace: str, name: str) -> None:
+        self.forgotten.append((namespace, name))
 
     async def reconcile(self, **_: Any) -> reconciling.Reconciled:
         now = asyncio.get_running_loop().time()
@@ -109,6 +113,8 @@ async def test_reconciles_every_interval_and_writes_status_once() -> None:
     # The body is a live view in kopf; here it never changes, so every tick re-patches.
     assert len(recorder.statuses) == 4
     assert recorder.events == ["ProfileSwitched"]
+    # Its loop ended (the policy was deleted): its servers need not keep their clients.
+    assert reconciler.forgotten == [("ns", "fleet")]
 
 
 @pytest.mark.looptime

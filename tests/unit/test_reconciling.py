@@ -246,6 +246,54 @@ async def test_failed_target_is_degraded_and_reported_once() -> None:
     assert second.events == ()
 
 
+class PodsByLabel:
+    """Each policy selects the Pod named by its selector's `pod` label."""
+
+    def __init__(self, targets: list[Target]) -> None:
+        self.by_name = {found.name: found for found in targets}
+
+    async def targets(
+        self, namespace: str, target_spec: specs.Target
+    ) -> tuple[list[Target], list[str]]:
+        return [self.by_name[target_spec.selector.match_labels["pod"]]], []
+
+
+@pytest.mark.looptime
+async def test_policies_sharing_the_fleet_keep_each_others_server_clients() -> None:
+    targets, fleet = two_servers()
+    subject = reconciling.Reconciler(
+        pods=PodsByLabel(targets),
+        gates=FakeGates(),
+        fleet=fleet,
+        signal_source=lambda namespace, policy, found: FixedSignals({}),
+        metrics=telemetry.controller_metrics(),
+        clock=lambda: NOW,
+        settle_seconds=0,
+    )
+    urls = [found.http_url for found in targets]
+    for name, pod in (("a", "triton-0"), ("b", "triton-1")):
+        document = spec_document(target={"selector": {"matchLabels": {"pod": pod}}})
+        await subject.reconcile(
+            namespace="ns",
+            name=name,
+            spec=document,
+            status={},
+            generation=1,
+            state=reconciling.PolicyMemory(),
+        )
+    assert fleet.kept == [[urls[0]], sorted(urls)]
+    subject.forget_policy("ns", "a")
+    await subject.reconcile(
+        namespace="ns",
+        name="b",
+        spec=spec_document(target={"selector": {"matchLabels": {"pod": "triton-1"}}}),
+        status={},
+        generation=1,
+        state=reconciling.PolicyMemory(),
+    )
+    assert fleet.kept[-1] == [urls[1]]
+
+
 def test_spec_model_is_what_reconcile_parses() -> None:
     assert specs.BatchPolicySpec.model_validate(spec_document()).default_profile == "bulk"
 

@@ -27,7 +27,10 @@ class TritonFleet:
     async def forget_all_but(self, urls: Sequence[str]) -> None:
         """Close the clients of servers that are gone (a replaced Pod has a new IP)."""
         for url in set(self._servers) - set(urls):
-            await self._servers.pop(url).close()
+            # Reconciles of several policies forget concurrently; the first one closes it.
+            server = self._servers.pop(url, None)
+            if server is not None:
+                await server.close()
 
     async def close(self) -> None:
         await self.forget_all_but(())

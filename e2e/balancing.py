@@ -1,0 +1,148 @@
+"""Load routed the way a Service routes it: each request to a random Ready Pod.
+
+There is no kube-proxy in the local cluster, so the client is the load balancer: a thread lists
+the namespace's Pods a few times a second and keeps the Ready ones, and every request goes to
+one of those chosen when it is sent. A Pod whose readiness gate goes False stops getting new
+requests within one poll, as it would leave a Service's endpoints. Used by the operator e2e
+tests and the switch-cost benchmark.
+"""
+
+import asyncio
+import contextlib
+import random
+import threading
+import time
+import types
+from collections.abc import Sequence
+from typing import Self
+
+import aiohttp
+
+from batchpilot import loadgen
+from e2e import fleet
+from e2e.kubes import Kube
+
+POLL_SECONDS = 0.05
+
+
+class ReadyBalancer:
+    """Sends each request to a random Ready pod of `ips` (pod name -> IP); a context manager
+    that watches readiness while it is entered."""
+
+    def __init__(
+        self, kube: Kube, namespace: str, ips: dict[str, str], *, poll: float = POLL_SECONDS
+    ) -> None:
+        self.kube, self.namespace, self.ips = kube, namespace, ips
+        self.poll = poll
+        self.ready: list[str] = list(ips.values())
+        self.gate_history: dict[str, list[str]] = {pod: [] for pod in ips}
+        self.started = 0.0
+        """When the last `drive` began (`time.monotonic()`); record times count from it."""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: types.TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(Exception):  # an API hiccup keeps the last view
+                self._observe()
+            self._stop.wait(self.poll)
+
+    def _observe(self) -> None:
+        ready = []
+        for pod in self.kube.core.list_namespaced_pod(self.namespace).items:
+            name = pod.metadata.name if pod.metadata else None
+            if name not in self.ips:
+                continue
+            listed = pod.status.conditions if pod.status else None
+            conditions = {c.type: c.status for c in listed or []}
+            if conditions.get("Ready") == "True":
+                ready.append(self.ips[name])
+            gate = conditions.get(fleet.GATE, "unset")
+            history = self.gate_history[name]
+            if not history or history[-1] != gate:
+                history.append(gate)
+        self.ready = ready
+
+    async def drive(
+        self,
+        phases: Sequence[loadgen.Phase],
+        *,
+        model: str = fleet.MODEL,
+        seed: int = 0,
+        request_timeout: float = 10.0,
+    ) -> list[loadgen.RequestRecord]:
+        """Open-loop Poisson arrivals over `phases`, each sent to a Ready pod when it is due;
+        one record per arrival (not sent: no pod was Ready). Times are seconds after
+        `self.started`, a `time.monotonic()` reading."""
+        payload = loadgen.InferencePayload.for_input(
+            model=model, input_name="INPUT", datatype="FP32", shape=[1, 16]
+        )
+        arrivals = loadgen.poisson_arrivals(phases, seed=seed)
+        chooser = random.Random(seed)
+        records: list[loadgen.RequestRecord] = []
+        timeout = aiohttp.ClientTimeout(total=request_timeout)
+        tasks: set[asyncio.Task[None]] = set()
+        self.started = time.monotonic()
+
+        async def send(session: aiohttp.ClientSession, arrival: loadgen.Arrival, ip: str) -> None:
+            sent = time.monotonic() - self.started
+            status: int | None = None
+            error: str | None = None
+            try:
+                async with session.post(
+                    f"http://{ip}:8000/v2/models/{model}/infer", data=payload.body, timeout=timeout
+                ) as response:
+                    await response.read()
+                    status = response.status
+                    if status != 200:
+                        error = f"{ip}: HTTP {status}"
+            except (aiohttp.ClientError, TimeoutError) as failure:
+                error = f"{ip}: {failure!r}"
+            finished = time.monotonic() - self.started
+            records.append(
+                loadgen.RequestRecord(
+                    phase=arrival.phase,
+                    scheduled=arrival.offset,
+                    sent=sent,
+                    latency=finished - sent if status is not None else None,
+                    status=status,
+                    error=error,
+                )
+            )
+
+        async with aiohttp.ClientSession() as session:
+            for arrival in arrivals:
+                delay = self.started + arrival.offset - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                targets = self.ready
+                if not targets:
+                    records.append(
+                        loadgen.RequestRecord(
+                            phase=arrival.phase,
+                            scheduled=arrival.offset,
+                            sent=None,
+                            latency=None,
+                            status=None,
+                            error="no Ready pod",
+                        )
+                    )
+                    continue
+                task = asyncio.create_task(send(session, arrival, chooser.choice(targets)))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            await asyncio.gather(*tasks)
+        return sorted(records, key=lambda record: record.scheduled)

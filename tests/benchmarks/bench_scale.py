@@ -1,0 +1,616 @@
+"""Operator scale: many BatchPolicies over real Triton Pods; CPU, memory, and a schedule boundary.
+
+On the local Kubernetes cluster (`e2e.cluster`), R real tritonservers serve `gpu_sim` behind R
+kwok Pods (run by the pod runner) spread over several namespaces, and one `batchpilot operator`
+process governs them. For each policy count P it creates P BatchPolicies, each selecting one Pod
+(round-robin over the Pods):
+
+- the first R are live: each governs its own Pod's model and switches it for real;
+- the other P - R govern the same model in `dryRun`, so several policies share each Pod. They
+  go through every step of a reconcile up to the Triton boundary — list their Pods through the
+  API, read the server's model index and its metrics page (every policy has a load rule, so its
+  signals are read each tick), decide, write status and events — and stop before applying.
+
+Every policy has the same schedule: `bulk` by default and an `interactive` window that opens at a
+minute boundary a little ahead. Measured from the operator's /proc entries and its /metrics:
+
+- steady state, before the boundary: CPU seconds per reconcile (reconciles counted by
+  `batchpilot_decisions_total`), CPU per tick (all P policies once), the share of a core, RSS;
+- at the boundary: when the operator decided the switch for the first and the last policy (its
+  log), when every live Pod's Triton served `interactive`, and when every policy's status said
+  so; the bound it is judged against is one timer interval plus one replica wave (each live
+  policy has one Pod), the wave being a reload measured alone first.
+
+It also reports how much memory each real tritonserver took (MemAvailable before and after
+starting them), and how many the machine's memory would hold.
+
+    python tests/benchmarks/bench_scale.py             # 32 Tritons, 50, 100 and 200 policies
+    python tests/benchmarks/bench_scale.py --short     # CI: 2 Tritons, 10 policies
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import contextlib
+import dataclasses
+import datetime
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import benchmarking
+import kubernetes.client
+from e2e import fleet, operators
+from e2e.kubes import Kube
+from prometheus_client.parser import text_string_to_metric_families
+
+from batchpilot import demo_models
+from batchpilot.policy import rendering, specs
+from batchpilot.triton import actuators, servers
+
+DEFAULT_OUT = benchmarking.REPO / ".bench"
+RESULTS = Path(__file__).resolve().parent / "results"
+GROUP, VERSION, PLURAL = "batchpilot.dev", "v1alpha1", "batchpolicies"
+PROFILES: dict[str, dict[str, Any]] = {
+    "interactive": {"maxQueueDelayMicroseconds": 2000, "preferredBatchSizes": [4, 8]},
+    "bulk": {"maxQueueDelayMicroseconds": 20000, "preferredBatchSizes": [32, 64]},
+}
+DELAY = {name: profile["maxQueueDelayMicroseconds"] for name, profile in PROFILES.items()}
+INTERVAL = 5.0
+"""The operator's timer (its default)."""
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Plan:
+    servers: int
+    namespaces: int
+    policy_counts: tuple[int, ...]
+    lead_seconds: float
+    """At least this long between creating the policies and the boundary."""
+
+
+def plan(*, short: bool) -> Plan:
+    if short:
+        return Plan(servers=2, namespaces=1, policy_counts=(10,), lead_seconds=15.0)
+    return Plan(servers=32, namespaces=4, policy_counts=(50, 100, 200), lead_seconds=60.0)
+
+
+# -- the operator process, seen from /proc and /metrics ----------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime, all threads
+
+
+def rss_bytes(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE_SIZE
+
+
+def reconciles(page: str) -> float:
+    """How many decisions the operator has made: one per policy reconcile."""
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(page)
+        if family.name == "batchpilot_decisions"
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    )
+
+
+def mem_available_bytes() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no MemAvailable in /proc/meminfo")
+
+
+@dataclasses.dataclass(frozen=True)
+class Sample:
+    at: float
+    cpu: float
+    rss: int
+    reconciles: float
+
+    @classmethod
+    def of(cls, operator: operators.OperatorProcess) -> Sample:
+        pid = operator.process.pid
+        return cls(
+            time.monotonic(), cpu_seconds(pid), rss_bytes(pid), reconciles(operator.metrics())
+        )
+
+
+# -- the fleet --------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Server:
+    namespace: str
+    pod: str
+    ip: str
+
+
+def start_servers(kube: Kube, namespaces: Sequence[str], count: int) -> list[Server]:
+    names = [(namespaces[i % len(namespaces)], f"triton-{i}") for i in range(count)]
+    for namespace, pod in names:
+        kube.core.create_namespaced_pod(
+            namespace,
+            fleet.triton_pod(pod, labels={"app": "triton", "bench-pod": pod}, gated=False),
+        )
+
+    def serving() -> list[Server] | None:
+        found = []
+        for namespace, pod in names:
+            status = kube.core.read_namespaced_pod(pod, namespace).status
+            ip = status.pod_ip if status else None
+            if not ip or not status or status.phase != "Running" or not fleet.triton_ready(ip):
+                return None
+            found.append(Server(namespace=namespace, pod=pod, ip=ip))
+        return found
+
+    found: list[Server] = benchmarking.wait_until(
+        f"{count} Triton pods serving", serving, timeout=60 + 10 * count, interval=1.0
+    )
+    return found
+
+
+async def single_reload_seconds(server: Server) -> float:
+    """One reload of one idle server, alone: the time a replica wave takes at best."""
+    async with servers.TritonServer(f"http://{server.ip}:8000") as triton:
+        timings = []
+        for name in ("interactive", "bulk"):
+            settings = rendering.render(specs.Profile.model_validate(PROFILES[name]))
+            applied = await actuators.apply_profile(
+                triton, demo_models.GPU_SIM, settings, profile=f"probe-{name}"
+            )
+            timings.append(applied.seconds)
+    return min(timings)
+
+
+# -- one policy count -------------------------------------------------------------------------
+
+
+def policy(name: str, pod: str, *, dry_run: bool, opens: datetime.datetime) -> dict[str, Any]:
+    closes = opens + datetime.timedelta(minutes=30)
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "BatchPolicy",
+        "metadata": {"name": name, "labels": {"batchpilot.dev/bench": "scale"}},
+        "spec": {
+            "target": {
+                "selector": {"matchLabels": {"bench-pod": pod}},
+                "port": "http",
+                "models": [fleet.MODEL],
+            },
+            "profiles": PROFILES,
+            "defaultProfile": "bulk",
+            "schedule": {
+                "timezone": "UTC",
+                "windows": [
+                    {
+                        "profile": "interactive",
+                        "start": opens.strftime("%H:%M"),
+                        "end": closes.strftime("%H:%M"),
+                    }
+                ],
+            },
+            # Never holds; it makes every reconcile read the servers' metrics pages.
+            "load": {"rules": [{"profile": "interactive", "metric": "requestRate", "above": 1e9}]},
+            "minDwellSeconds": 0,
+            "dryRun": dry_run,
+        },
+    }
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SizeReport:
+    policies: int
+    live: int
+    dry_run: int
+    create_seconds: float
+    steady_seconds: float
+    steady_reconciles: float
+    steady_cpu_seconds: float
+    rss_steady: int
+    rss_peak: int
+    targets_converged: float | None
+    """Seconds from the boundary to every live Pod serving interactive."""
+    statuses_converged: float | None
+    decided: tuple[float, float] | None
+    """Seconds from the boundary to the first and the last policy's switch (operator log)."""
+    """Seconds from the boundary to every policy's status saying interactive."""
+    served_after: tuple[float, ...]
+    boundary_cpu_seconds: float
+    boundary_reconciles: float
+    warning_events: dict[str, int]
+    """Warning events on the policies, by reason."""
+    warning_examples: dict[str, str]
+    log_errors: int
+
+    @property
+    def cpu_per_reconcile(self) -> float | None:
+        return benchmarking.ratio(self.steady_cpu_seconds, self.steady_reconciles)
+
+    @property
+    def cpu_per_tick(self) -> float | None:
+        per = self.cpu_per_reconcile
+        return None if per is None else per * self.policies
+
+    @property
+    def core_share(self) -> float | None:
+        return benchmarking.ratio(self.steady_cpu_seconds, self.steady_seconds)
+
+    @property
+    def reconciles_per_second(self) -> float | None:
+        return benchmarking.ratio(self.steady_reconciles, self.steady_seconds)
+
+
+def decisions_after(
+    log: str, boundary: datetime.datetime, profile: str
+) -> tuple[float, float] | None:
+    """When the operator logged the policies' switches to `profile`, relative to the boundary:
+    the operator's own part of the convergence, before any reload."""
+    found = []
+    for line in log.splitlines():
+        if f": bulk -> {profile}:" not in line or not line.startswith("["):
+            continue
+        stamp = datetime.datetime.strptime(line[1:24], "%Y-%m-%d %H:%M:%S,%f")
+        found.append(stamp.timestamp() - boundary.timestamp())  # the log's local time
+    return (min(found), max(found)) if found else None
+
+
+def warning_events(kube: Kube, namespaces: Sequence[str]) -> tuple[dict[str, int], dict[str, str]]:
+    """Warning events on the policies: how many by reason, and one message of each."""
+    counted: dict[str, int] = {}
+    examples: dict[str, str] = {}
+    for namespace in namespaces:
+        for event in kube.core.list_namespaced_event(namespace).items:
+            if event.type == "Warning" and event.involved_object.kind == "BatchPolicy":
+                reason = event.reason or "?"
+                counted[reason] = counted.get(reason, 0) + (event.count or 1)
+                examples.setdefault(reason, event.message or "")
+    return counted, examples
+
+
+def _create(kube: Kube, documents: Sequence[tuple[str, dict[str, Any]]]) -> None:
+    api = kubernetes.client.CustomObjectsApi(kube.api_client)
+
+    def one(item: tuple[str, dict[str, Any]]) -> None:
+        namespace, body = item
+        api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(one, documents))
+
+
+def _statuses(kube: Kube, namespaces: Sequence[str]) -> list[dict[str, Any]]:
+    api = kubernetes.client.CustomObjectsApi(kube.api_client)
+    found: list[dict[str, Any]] = []
+    for namespace in namespaces:
+        listed = api.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
+        found += listed["items"] if isinstance(listed, dict) else []
+    return found
+
+
+def _settled(items: Sequence[dict[str, Any]], count: int, profile: str) -> bool:
+    return len(items) == count and all(
+        (item.get("status") or {}).get("activeProfile") == profile
+        and (item.get("status") or {}).get("observedGeneration")
+        == item["metadata"].get("generation")
+        for item in items
+    )
+
+
+async def _serving_since(
+    live: Sequence[Server], profile: str, boundary: float, within: float
+) -> dict[str, float]:
+    served: dict[str, float] = {}
+    deadline = time.monotonic() + within
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
+
+        async def check(server: Server) -> None:
+            url = f"http://{server.ip}:8000/v2/models/{fleet.MODEL}/config"
+            try:
+                async with session.get(url) as response:
+                    config = await response.json()
+            except (aiohttp.ClientError, TimeoutError, ValueError):
+                return
+            parameters = config.get("parameters") or {}
+            running = parameters.get(fleet.PROFILE_PARAMETER, {}).get("string_value")
+            delay = (config.get("dynamic_batching") or {}).get("max_queue_delay_microseconds")
+            if running == profile and delay == DELAY[profile]:
+                served.setdefault(server.pod, time.monotonic() - boundary)
+
+        while len(served) < len(live) and time.monotonic() < deadline:
+            await asyncio.gather(*(check(s) for s in live if s.pod not in served))
+            await asyncio.sleep(0.1)
+    return served
+
+
+def run_size(
+    kube: Kube,
+    operator_kubeconfig: Path,
+    namespaces: Sequence[str],
+    fleet_servers: Sequence[Server],
+    count: int,
+    the_plan: Plan,
+    out_dir: Path,
+) -> SizeReport:
+    operator = operators.OperatorProcess(
+        kubeconfig=operator_kubeconfig,
+        log_path=out_dir / f"scale-operator-{count}.log",
+        namespaces=list(namespaces),
+        interval=INTERVAL,
+    )
+    try:
+        benchmarking.wait_until("the operator's liveness", operator.healthy, timeout=60)
+        now = datetime.datetime.now(datetime.UTC)
+        opens = (now + datetime.timedelta(seconds=the_plan.lead_seconds)).replace(
+            second=0, microsecond=0
+        ) + datetime.timedelta(minutes=1)
+        documents = []
+        for index in range(count):
+            server = fleet_servers[index % len(fleet_servers)]
+            dry_run = index >= len(fleet_servers)
+            name = f"policy-{index:03d}"
+            documents.append(
+                (server.namespace, policy(name, server.pod, dry_run=dry_run, opens=opens))
+            )
+        created_at = time.monotonic()
+        _create(kube, documents)
+        create_seconds = time.monotonic() - created_at
+        benchmarking.wait_until(
+            f"{count} policies reconciled, bulk everywhere",
+            lambda: _settled(_statuses(kube, namespaces), count, "bulk"),
+            timeout=max((opens - datetime.datetime.now(datetime.UTC)).total_seconds() - 5, 5),
+            interval=1.0,
+        )
+        before = Sample.of(operator)
+        until_boundary = (opens - datetime.datetime.now(datetime.UTC)).total_seconds()
+        # Steady state ends a second before the boundary; the RSS peak is watched meanwhile.
+        peak = before.rss
+        while until_boundary > 1.0:
+            time.sleep(min(1.0, until_boundary - 1.0))
+            peak = max(peak, rss_bytes(operator.process.pid))
+            until_boundary = (opens - datetime.datetime.now(datetime.UTC)).total_seconds()
+        steady_end = Sample.of(operator)
+        boundary = time.monotonic() + until_boundary
+        live = list(fleet_servers[: min(count, len(fleet_servers))])
+        served = asyncio.run(_serving_since(live, "interactive", boundary, within=180.0))
+        targets_converged = max(served.values()) if len(served) == len(live) else None
+        statuses_converged = None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if _settled(_statuses(kube, namespaces), count, "interactive"):
+                statuses_converged = time.monotonic() - boundary
+                break
+            peak = max(peak, rss_bytes(operator.process.pid))
+            time.sleep(0.25)
+        after = Sample.of(operator)
+        warnings, examples = warning_events(kube, namespaces)
+        for namespace in namespaces:
+            benchmarking.delete_policies(kube, namespace)
+    finally:
+        operator.stop()
+    log = operator.log
+    return SizeReport(
+        policies=count,
+        live=len(live),
+        dry_run=count - len(live),
+        create_seconds=create_seconds,
+        steady_seconds=steady_end.at - before.at,
+        steady_reconciles=steady_end.reconciles - before.reconciles,
+        steady_cpu_seconds=steady_end.cpu - before.cpu,
+        rss_steady=steady_end.rss,
+        rss_peak=max(peak, after.rss),
+        targets_converged=targets_converged,
+        statuses_converged=statuses_converged,
+        served_after=tuple(sorted(served.values())),
+        boundary_cpu_seconds=after.cpu - steady_end.cpu,
+        boundary_reconciles=after.reconciles - steady_end.reconciles,
+        warning_events=warnings,
+        warning_examples=examples,
+        decided=decisions_after(log, opens, "interactive"),
+        log_errors=sum("[ERROR" in line for line in log.splitlines()),
+    )
+
+
+# -- reporting --------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FleetFacts:
+    servers: int
+    namespaces: int
+    start_seconds: float
+    memory_per_server: float
+    mem_available_before: int
+    single_reload: float
+
+    @property
+    def servers_memory_holds(self) -> int:
+        """Servers that would fit in the memory that was available, keeping a fifth free."""
+        return int(0.8 * self.mem_available_before / self.memory_per_server)
+
+
+def render(facts: FleetFacts, sizes: Sequence[SizeReport], *, markdown: bool) -> str:
+    tabulate = benchmarking.markdown_table if markdown else benchmarking.table
+    mib = 2**20
+    bound = INTERVAL + facts.single_reload
+    lines = [
+        f"{facts.servers} real tritonservers (gpu_sim, 4 instances each) behind kwok Pods in "
+        f"{facts.namespaces} namespace(s), started in {facts.start_seconds:.0f} s; each took "
+        f"{facts.memory_per_server / mib:.0f} MiB (MemAvailable), so the "
+        f"{facts.mem_available_before / 2**30:.1f} GiB available would hold about "
+        f"{facts.servers_memory_holds} (keeping a fifth free); CPU is the tighter limit. "
+        f"Operator timer {INTERVAL:g} s; one reload alone: {facts.single_reload:.2f} s.",
+        "",
+    ]
+    headers = [
+        "policies (live + dryRun)",
+        "reconciles/s",
+        "CPU ms/reconcile",
+        "CPU s/tick",
+        "core share",
+        "RSS MiB (steady / peak)",
+        "boundary -> decided (s, first / last)",
+        "boundary -> live Pods serve (s)",
+        "boundary -> all statuses (s)",
+        "bound (s)",
+        "warning events",
+        "log errors",
+    ]
+    rows = []
+    for size in sizes:
+        per = size.cpu_per_reconcile
+        rows.append(
+            [
+                f"{size.policies} ({size.live} + {size.dry_run})",
+                benchmarking.cell(size.reconciles_per_second),
+                benchmarking.cell(None if per is None else 1000 * per),
+                benchmarking.cell(size.cpu_per_tick, 2),
+                benchmarking.cell(None if size.core_share is None else 100 * size.core_share, 0)
+                + "%",
+                f"{size.rss_steady / mib:.0f} / {size.rss_peak / mib:.0f}",
+                "-" if size.decided is None else f"{size.decided[0]:.2f} / {size.decided[1]:.2f}",
+                benchmarking.cell(size.targets_converged, 2),
+                benchmarking.cell(size.statuses_converged, 2),
+                f"{bound:.2f}",
+                ", ".join(f"{n} {r}" for r, n in sorted(size.warning_events.items())) or "0",
+                str(size.log_errors),
+            ]
+        )
+    lines.append(tabulate(headers, rows))
+    lines.append("")
+    cores = os.cpu_count() or 1
+    lines.append(
+        f"- all {facts.servers} live servers reload at the same boundary on this machine's "
+        f"{cores} cores; a reload mostly starts the model's 4 Python stubs, CPU work, so "
+        f"{facts.servers} reloads of {facts.single_reload:.2f} s take about "
+        f"{facts.servers * facts.single_reload / cores:.1f} s however the operator schedules "
+        "them (on a real cluster every replica reloads on its own node)"
+    )
+    for size in sizes:
+        served = size.served_after
+        met = size.targets_converged is not None and size.targets_converged <= bound
+        spread = (
+            f"first {served[0]:.2f} s, median {served[len(served) // 2]:.2f} s, last "
+            f"{served[-1]:.2f} s"
+            if served
+            else "none"
+        )
+        lines.append(
+            f"- {size.policies} policies: live Pods served interactive at {spread} after the "
+            f"boundary; fleet converged within one interval plus one wave ({bound:.2f} s) -> "
+            + ("met" if met else "MISSED")
+        )
+        for reason, message in sorted(size.warning_examples.items()):
+            lines.append(f"  - {reason}, e.g.: {message[:300]}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Operator scale: many policies, real Tritons.")
+    parser.add_argument("--short", action="store_true", help="2 Tritons, 10 policies")
+    parser.add_argument("--servers", type=int, help="real Triton Pods (default 32; --short: 2)")
+    parser.add_argument(
+        "--policies", type=int, action="append", help="a policy count to measure (repeatable)"
+    )
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="for JSON and Markdown")
+    parser.add_argument(
+        "--publish", action="store_true", help=f"also copy the Markdown summary into {RESULTS}"
+    )
+    arguments = parser.parse_args(argv)
+    the_plan = plan(short=arguments.short)
+    if arguments.servers:
+        the_plan = dataclasses.replace(the_plan, servers=arguments.servers)
+    if arguments.policies:
+        the_plan = dataclasses.replace(the_plan, policy_counts=tuple(arguments.policies))
+    out_dir: Path = arguments.out
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    print(
+        f"scale benchmark: {the_plan.servers} Tritons, policies {the_plan.policy_counts}",
+        flush=True,
+    )
+    sizes = []
+    with benchmarking.local_cluster() as kube:
+        operators.install_api(kube)
+        operator_kubeconfig = operators.service_account_kubeconfig(
+            kube, out_dir / "scale-operator.kubeconfig"
+        )
+        with contextlib.ExitStack() as stack:
+            namespaces = [
+                stack.enter_context(benchmarking.namespace(kube, f"bench-scale-{index}"))
+                for index in range(the_plan.namespaces)
+            ]
+            available = mem_available_bytes()
+            starting = time.monotonic()
+            fleet_servers = start_servers(kube, namespaces, the_plan.servers)
+            start_seconds = time.monotonic() - starting
+            time.sleep(3)
+            facts = FleetFacts(
+                servers=len(fleet_servers),
+                namespaces=len(namespaces),
+                start_seconds=start_seconds,
+                memory_per_server=max(available - mem_available_bytes(), 1) / len(fleet_servers),
+                mem_available_before=available,
+                single_reload=asyncio.run(single_reload_seconds(fleet_servers[0])),
+            )
+            print(f"  {facts.servers} Tritons serving after {start_seconds:.0f} s", flush=True)
+            for count in the_plan.policy_counts:
+                size_started = time.monotonic()
+                sizes.append(
+                    run_size(
+                        kube,
+                        operator_kubeconfig,
+                        namespaces,
+                        fleet_servers,
+                        count,
+                        the_plan,
+                        out_dir,
+                    )
+                )
+                print(
+                    f"  {count} policies: done in {time.monotonic() - size_started:.0f} s",
+                    flush=True,
+                )
+    text = render(facts, sizes, markdown=False)
+    print("\n" + text)
+    (out_dir / "summary-scale.md").write_text(render(facts, sizes, markdown=True) + "\n")
+    (out_dir / "summary-scale.json").write_text(
+        json.dumps(
+            {
+                "fleet": dataclasses.asdict(facts),
+                "interval": INTERVAL,
+                "sizes": [
+                    {
+                        **dataclasses.asdict(size),
+                        "cpu_per_reconcile": size.cpu_per_reconcile,
+                        "cpu_per_tick": size.cpu_per_tick,
+                    }
+                    for size in sizes
+                ],
+            },
+            indent=1,
+        )
+    )
+    if arguments.publish:
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / "summary-scale.md").write_bytes((out_dir / "summary-scale.md").read_bytes())
+    print(f"\nwrote {out_dir}/summary-scale.{{md,json}}; {time.monotonic() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
