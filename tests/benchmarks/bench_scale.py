@@ -346,9 +346,12 @@ def run_size(
     the_plan: Plan,
     out_dir: Path,
 ) -> SizeReport:
+    # The boundary is read from this log: a previous run's lines would be decisions too.
+    log_path = out_dir / f"scale-operator-{count}.log"
+    log_path.unlink(missing_ok=True)
     operator = operators.OperatorProcess(
         kubeconfig=operator_kubeconfig,
-        log_path=out_dir / f"scale-operator-{count}.log",
+        log_path=log_path,
         namespaces=list(namespaces),
         interval=INTERVAL,
     )
