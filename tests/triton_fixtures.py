@@ -3,12 +3,17 @@
 `triton_server` starts servers for one test, `module_triton_server` for all tests of a module (a
 server with torch_mlp takes seconds to start). Both stop every server they started, stubs
 included. When a test fails, the report gets the log path and tail of every server still running.
+`run_command_until` runs `batchpilot run` as a process against them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Generator, Iterator, Mapping
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -103,6 +108,54 @@ def dynamic_batching(
         yield client.get_model_config(model)
     finally:
         client.load_model(model, config=json.dumps(original))
+
+
+@dataclasses.dataclass(frozen=True)
+class RunnerProcess:
+    """What a `batchpilot run` process wrote and served before it was stopped."""
+
+    output: str
+    """Its whole log (stderr)."""
+    metrics: str
+    """Its /metrics page, read once `until` was logged."""
+    returncode: int
+
+
+def run_command_until(
+    policy_yaml: str, arguments: Sequence[str], tmp_path: Path, *, until: str
+) -> RunnerProcess:
+    """Run `batchpilot run --policy <policy_yaml> <arguments>` (0.5 s ticks, /metrics on a free
+    port) until it logs a line containing `until`, read its metrics, then stop it with SIGTERM."""
+    (listen_port,) = local_triton.free_ports("127.0.0.1", 1)
+    policy_file = tmp_path / "policy.yaml"
+    policy_file.write_text(policy_yaml, encoding="utf-8")
+    command = [
+        sys.executable,
+        "-m",
+        "batchpilot",
+        "run",
+        "--policy",
+        str(policy_file),
+        *arguments,
+        "--interval",
+        "0.5",
+        "--listen",
+        f"127.0.0.1:{listen_port}",
+    ]
+    with subprocess.Popen(command, stderr=subprocess.PIPE, text=True) as process:
+        assert process.stderr is not None
+        log: list[str] = []
+        for line in process.stderr:
+            log.append(line)
+            if until in line:
+                break
+        assert log, "the runner exited without a word"
+        with urllib.request.urlopen(f"http://127.0.0.1:{listen_port}/metrics", timeout=5) as page:
+            metrics = page.read().decode()
+        process.terminate()
+        _, rest = process.communicate(timeout=20)
+        log.append(rest)
+    return RunnerProcess(output="".join(log), metrics=metrics, returncode=process.returncode)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -42,9 +42,7 @@ import argparse
 import asyncio
 import dataclasses
 import datetime
-import json
 import logging
-import shutil
 import subprocess
 import sys
 import time
@@ -63,8 +61,6 @@ from batchpilot.signals import sidecars
 from batchpilot.triton import actuators, scraping, servers
 
 REPO = Path(__file__).resolve().parents[2]
-RESULTS = Path(__file__).resolve().parent / "results"
-DEFAULT_OUT = REPO / ".bench"
 
 SLO_MS = 25.0
 """The interactive objective: p95 latency as the client sees it."""
@@ -854,29 +850,25 @@ async def benchmark(arguments: argparse.Namespace) -> int:
     )
     out.write("\n" + text + "\n")
     seconds = time.monotonic() - started
-    (out_dir / f"summary-{model}.md").write_text(
-        render(
+    benchmarking.write_summary(
+        out_dir,
+        f"summary-{model}",
+        markdown=render(
             day=day,
             model=model,
             reports=reports,
             sweep_results=sweep_results,
             chosen=chosen,
             markdown=True,
-        )
-        + "\n"
-    )
-    (out_dir / f"summary-{model}.json").write_text(
-        json.dumps(
-            summary_json(
-                day=day,
-                model=model,
-                reports=reports,
-                sweep_results=sweep_results,
-                chosen=chosen,
-                seconds=seconds,
-            ),
-            indent=1,
-        )
+        ),
+        data=summary_json(
+            day=day,
+            model=model,
+            reports=reports,
+            sweep_results=sweep_results,
+            chosen=chosen,
+            seconds=seconds,
+        ),
     )
     plot = out_dir / f"day-{model}.png"
     ours = next(r for r in reports if r.contender == "batchpilot")
@@ -890,9 +882,7 @@ async def benchmark(arguments: argparse.Namespace) -> int:
         markers={"batchpilot": [(s.offset, s.profile) for s in ours.switches]},
     )
     if arguments.publish:
-        RESULTS.mkdir(exist_ok=True)
-        for name in (plot.name, f"summary-{model}.md"):
-            shutil.copy2(out_dir / name, RESULTS / name)
+        benchmarking.publish(out_dir, [plot.name, f"summary-{model}.md"])
     out.write(f"\nwrote {out_dir}/summary-{model}.{{md,json}} and {plot}; {seconds:.0f} s\n")
     return 0
 
@@ -908,12 +898,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--model", choices=(demo_models.GPU_SIM, demo_models.TORCH_MLP), default="gpu_sim"
     )
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="for JSON, Markdown, PNG")
-    parser.add_argument(
-        "--publish",
-        action="store_true",
-        help=f"also copy the plot and the Markdown summary into {RESULTS.relative_to(REPO)}",
-    )
+    benchmarking.output_arguments(parser)
     arguments = parser.parse_args(argv)
     logging.getLogger("batchpilot.runner").setLevel(logging.WARNING)
     arguments.out.mkdir(parents=True, exist_ok=True)

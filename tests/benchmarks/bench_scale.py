@@ -36,7 +36,6 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import datetime
-import json
 import os
 import sys
 import time
@@ -55,8 +54,6 @@ from batchpilot import demo_models
 from batchpilot.policy import rendering, specs
 from batchpilot.triton import actuators, servers
 
-DEFAULT_OUT = benchmarking.REPO / ".bench"
-RESULTS = Path(__file__).resolve().parent / "results"
 GROUP, VERSION, PLURAL = "batchpilot.dev", "v1alpha1", "batchpolicies"
 PROFILES: dict[str, dict[str, Any]] = {
     "interactive": {"maxQueueDelayMicroseconds": 2000, "preferredBatchSizes": [4, 8]},
@@ -529,10 +526,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--policies", type=int, action="append", help="a policy count to measure (repeatable)"
     )
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="for JSON and Markdown")
-    parser.add_argument(
-        "--publish", action="store_true", help=f"also copy the Markdown summary into {RESULTS}"
-    )
+    benchmarking.output_arguments(parser)
     arguments = parser.parse_args(argv)
     the_plan = plan(short=arguments.short)
     if arguments.servers:
@@ -590,27 +584,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
     text = render(facts, sizes, markdown=False)
     print("\n" + text)
-    (out_dir / "summary-scale.md").write_text(render(facts, sizes, markdown=True) + "\n")
-    (out_dir / "summary-scale.json").write_text(
-        json.dumps(
-            {
-                "fleet": dataclasses.asdict(facts),
-                "interval": INTERVAL,
-                "sizes": [
-                    {
-                        **dataclasses.asdict(size),
-                        "cpu_per_reconcile": size.cpu_per_reconcile,
-                        "cpu_per_tick": size.cpu_per_tick,
-                    }
-                    for size in sizes
-                ],
-            },
-            indent=1,
-        )
+    benchmarking.write_summary(
+        out_dir,
+        "summary-scale",
+        markdown=render(facts, sizes, markdown=True),
+        data={
+            "fleet": dataclasses.asdict(facts),
+            "interval": INTERVAL,
+            "sizes": [
+                {
+                    **dataclasses.asdict(size),
+                    "cpu_per_reconcile": size.cpu_per_reconcile,
+                    "cpu_per_tick": size.cpu_per_tick,
+                }
+                for size in sizes
+            ],
+        },
     )
     if arguments.publish:
-        RESULTS.mkdir(exist_ok=True)
-        (RESULTS / "summary-scale.md").write_bytes((out_dir / "summary-scale.md").read_bytes())
+        benchmarking.publish(out_dir, ["summary-scale.md"])
     print(f"\nwrote {out_dir}/summary-scale.{{md,json}}; {time.monotonic() - started:.0f} s")
     return 0
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import sys
 import time
 from collections.abc import Sequence
@@ -42,8 +41,6 @@ from e2e.kubes import Kube
 
 from batchpilot import loadgen
 
-DEFAULT_OUT = benchmarking.REPO / ".bench"
-RESULTS = Path(__file__).resolve().parent / "results"
 POLICY = "fleet"
 PROFILES: dict[str, dict[str, Any]] = {
     "interactive": {"maxQueueDelayMicroseconds": 2000, "preferredBatchSizes": [4, 8]},
@@ -404,12 +401,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--short", action="store_true", help="2 replicas, 2 switches per mode")
     parser.add_argument("--replicas", type=int, help="Triton Pods (default 4; --short: 2)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="for JSON, Markdown, PNG")
-    parser.add_argument(
-        "--publish",
-        action="store_true",
-        help=f"also copy the plot and the Markdown summary into {RESULTS}",
-    )
+    benchmarking.output_arguments(parser)
     arguments = parser.parse_args(argv)
     the_plan = plan(short=arguments.short, replicas=arguments.replicas)
     out_dir: Path = arguments.out
@@ -432,36 +424,35 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"  {mode}: done in {time.monotonic() - mode_started:.0f} s", flush=True)
     text = render(reports, the_plan, markdown=False)
     print("\n" + text)
-    (out_dir / "summary-switch.md").write_text(render(reports, the_plan, markdown=True) + "\n")
-    (out_dir / "summary-switch.json").write_text(
-        json.dumps(
-            {
-                "plan": dataclasses.asdict(the_plan),
-                "rate": RATE,
-                "modes": [
-                    {
-                        "mode": r.mode,
-                        "requests": r.requests,
-                        "failed": r.failed,
-                        "steady_p99_ms": r.steady_p99_ms,
-                        "gate_history": r.gate_history,
-                        "switches": [
-                            {
-                                **dataclasses.asdict(s.switch),
-                                "seconds": s.switch.seconds,
-                                "requests": s.requests,
-                                "failed": s.failed,
-                                "p99_ms": s.p99_ms,
-                                "steady_p99_ms": s.steady_p99_ms,
-                            }
-                            for s in r.switches
-                        ],
-                    }
-                    for r in reports
-                ],
-            },
-            indent=1,
-        )
+    benchmarking.write_summary(
+        out_dir,
+        "summary-switch",
+        markdown=render(reports, the_plan, markdown=True),
+        data={
+            "plan": dataclasses.asdict(the_plan),
+            "rate": RATE,
+            "modes": [
+                {
+                    "mode": r.mode,
+                    "requests": r.requests,
+                    "failed": r.failed,
+                    "steady_p99_ms": r.steady_p99_ms,
+                    "gate_history": r.gate_history,
+                    "switches": [
+                        {
+                            **dataclasses.asdict(s.switch),
+                            "seconds": s.switch.seconds,
+                            "requests": s.requests,
+                            "failed": s.failed,
+                            "p99_ms": s.p99_ms,
+                            "steady_p99_ms": s.steady_p99_ms,
+                        }
+                        for s in r.switches
+                    ],
+                }
+                for r in reports
+            ],
+        },
     )
     plot = out_dir / "switch.png"
     benchmarking.plot_timelines(
@@ -475,9 +466,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
     )
     if arguments.publish:
-        RESULTS.mkdir(exist_ok=True)
-        for name in (plot.name, "summary-switch.md"):
-            (RESULTS / name).write_bytes((out_dir / name).read_bytes())
+        benchmarking.publish(out_dir, [plot.name, "summary-switch.md"])
     print(
         f"\nwrote {out_dir}/summary-switch.{{md,json}} and {plot}; "
         f"{time.monotonic() - started:.0f} s"

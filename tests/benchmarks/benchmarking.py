@@ -12,11 +12,14 @@ of the virtual day, which is also what the policy's clock reads.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import datetime
 import itertools
+import json
 import math
+import shutil
 import sys
 import time
 import zoneinfo
@@ -35,6 +38,10 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.append(str(REPO))
+DEFAULT_OUT = REPO / ".bench"
+"""Where a run writes its figures (ignored by git)."""
+RESULTS = Path(__file__).resolve().parent / "results"
+"""Where `--publish` copies the plots and Markdown summaries the README shows."""
 
 WINDOW_SECONDS = 10.0
 
@@ -508,6 +515,34 @@ def plot_timelines(
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=80)
     plt.close(figure)
+
+
+# -- output -----------------------------------------------------------------------------------
+
+
+def output_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--out` and `--publish`, alike for every benchmark."""
+    parser.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help="for the JSON, Markdown and plots"
+    )
+    parser.add_argument(
+        "--publish",
+        action="store_true",
+        help=f"also copy the plots and the Markdown summary into {RESULTS.relative_to(REPO)}",
+    )
+
+
+def write_summary(out_dir: Path, stem: str, *, markdown: str, data: object) -> None:
+    """`<stem>.md` (the tables) and `<stem>.json` (the figures) in `out_dir`."""
+    (out_dir / f"{stem}.md").write_text(markdown + "\n")
+    (out_dir / f"{stem}.json").write_text(json.dumps(data, indent=1))
+
+
+def publish(out_dir: Path, names: Sequence[str]) -> None:
+    """Copy these files of a run into RESULTS, for the README."""
+    RESULTS.mkdir(exist_ok=True)
+    for name in names:
+        shutil.copy2(out_dir / name, RESULTS / name)
 
 
 # -- the local cluster ------------------------------------------------------------------------

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import subprocess
-import sys
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -14,7 +11,7 @@ from batchpilot import demo_models, local_triton, running, telemetry
 from batchpilot.signals import sources
 from batchpilot.triton import modelconfigs, servers
 from builders import make_spec, utc
-from triton_fixtures import TritonFactory
+from triton_fixtures import TritonFactory, run_command_until
 
 pytestmark = pytest.mark.integration
 
@@ -122,46 +119,17 @@ def test_run_command_applies_serves_metrics_and_stops_on_sigterm(
     triton_server: TritonFactory, tmp_path: Path
 ) -> None:
     server = triton_server(demo_models.GPU_SIM)
-    (listen_port,) = local_triton.free_ports("127.0.0.1", 1)
-    policy_file = tmp_path / "policy.yaml"
-    policy_file.write_text(
+    runner = run_command_until(
         "apiVersion: batchpilot.dev/v1alpha1\nkind: BatchPolicy\nmetadata: {name: cli}\n"
         "spec:\n  target: {selector: {}, models: [gpu_sim]}\n"
         "  profiles: {bulk: {maxQueueDelayMicroseconds: 20000, preferredBatchSizes: [32]}}\n"
         "  defaultProfile: bulk\n",
-        encoding="utf-8",
+        ["--triton", server.http_url, "--triton-metrics", server.metrics_url],
+        tmp_path,
+        until="applied bulk to gpu_sim",
     )
-    command = [
-        sys.executable,
-        "-m",
-        "batchpilot",
-        "run",
-        "--policy",
-        str(policy_file),
-        "--triton",
-        server.http_url,
-        "--triton-metrics",
-        server.metrics_url,
-        "--interval",
-        "0.5",
-        "--listen",
-        f"127.0.0.1:{listen_port}",
-    ]
-    with subprocess.Popen(command, stderr=subprocess.PIPE, text=True) as process:
-        assert process.stderr is not None
-        log: list[str] = []
-        for line in process.stderr:
-            log.append(line)
-            if "applied bulk to gpu_sim" in line:
-                break
-        assert log, "the runner exited without a word"
-        with urllib.request.urlopen(f"http://127.0.0.1:{listen_port}/metrics", timeout=5) as page:
-            metrics = page.read().decode()
-        process.terminate()
-        _, rest = process.communicate(timeout=20)
-        log.append(rest)
-    output = "".join(log)
-    assert process.returncode == 0, output
+    output, metrics = runner.output, runner.metrics
+    assert runner.returncode == 0, output
     assert 'batchpilot_active_profile{policy="cli",profile="bulk"} 1.0' in metrics
     assert "switch to bulk: defaultProfile (no schedule windows)" in output
     assert output.rstrip().endswith("stopped")

@@ -33,7 +33,7 @@ from batchpilot.policy import rendering, specs
 from batchpilot.signals import sidecars
 from batchpilot.triton import actuators, scraping, servers
 from builders import make_spec
-from triton_fixtures import TritonFactory, triton_client
+from triton_fixtures import TritonFactory, run_command_until, triton_client
 
 pytestmark = pytest.mark.integration
 
@@ -310,48 +310,19 @@ async def test_the_recommended_delay_meets_the_slo_where_static_bulk_does_not(
 def test_the_runner_command_autotunes_from_a_sidecar(
     server: local_triton.LocalTriton, calibration: Calibration, tmp_path: Path
 ) -> None:
-    (listen_port,) = local_triton.free_ports("127.0.0.1", 1)
-    policy_file = tmp_path / "policy.yaml"
-    policy_file.write_text(
+    runner = run_command_until(
         "apiVersion: batchpilot.dev/v1alpha1\nkind: BatchPolicy\nmetadata: {name: tuned}\n"
         "spec:\n  target: {selector: {}, models: [gpu_sim]}\n"
         "  profiles: {bulk: {maxQueueDelayMicroseconds: 100000}}\n"
         "  defaultProfile: bulk\n  load: {source: sidecar}\n"
         "  slo: {p95LatencyMs: 30, autotune: true, minQueueDelayMicroseconds: 100,"
         " maxQueueDelayMicroseconds: 100000}\n",
-        encoding="utf-8",
+        ["--triton", server.http_url, "--sidecar", calibration.sidecar_url],
+        tmp_path,
+        until="applied bulk to gpu_sim",
     )
-    command = [
-        sys.executable,
-        "-m",
-        "batchpilot",
-        "run",
-        "--policy",
-        str(policy_file),
-        "--triton",
-        server.http_url,
-        "--sidecar",
-        calibration.sidecar_url,
-        "--interval",
-        "0.5",
-        "--listen",
-        f"127.0.0.1:{listen_port}",
-    ]
-    with subprocess.Popen(command, stderr=subprocess.PIPE, text=True) as process:
-        assert process.stderr is not None
-        log: list[str] = []
-        for line in process.stderr:
-            log.append(line)
-            if "applied bulk to gpu_sim" in line:
-                break
-        url = f"http://127.0.0.1:{listen_port}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as page:
-            metrics = page.read().decode()
-        process.terminate()
-        _, rest = process.communicate(timeout=20)
-        log.append(rest)
-    output = "".join(log)
-    assert process.returncode == 0, output
+    output, metrics = runner.output, runner.metrics
+    assert runner.returncode == 0, output
     assert f"signals from sidecars {calibration.sidecar_url}" in output
     found = {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
