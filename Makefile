@@ -59,8 +59,8 @@ unit: venv
 integration: venv deps
 	$(PY) -m pytest tests/integration
 
-# The benchmarks with their full figures, one after another (over an hour on 2 cores: the policy
-# day alone is about 35 minutes); figures, JSON, Markdown and plots go to .bench/. The switch and
+# The benchmarks with their full figures, one after another (about 50 minutes on 2 cores: the policy
+# day alone is about 32 minutes); figures, JSON, Markdown and plots go to .bench/. The switch and
 # scale benchmarks use this checkout's local control plane, starting one if none is up.
 bench: venv k8s-bins
 	$(PY) tests/benchmarks/bench_sidecar.py

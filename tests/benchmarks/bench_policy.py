@@ -27,10 +27,10 @@ Per phase it reports p50/p95/p99 latency (client side), throughput, failed reque
 because 512 were in flight counts as failed), the share of 10-second windows whose p95 meets the
 objective with no failure, the average batch (Triton's counters) and device-seconds per 1,000
 requests (the emulated device's busy time, `emulated_device_busy_seconds`). It prints the ratios
-batchpilot / best-static, the targets and whether they were met, and writes `summary.json`,
-`summary.md` and a plot of the day (`day-<model>.png`) into `--out`.
+batchpilot / best-static, the targets and whether they were met, and writes `summary-<model>.json`,
+`summary-<model>.md` and a plot of the day (`day-<model>.png`) into `--out`.
 
-    python tests/benchmarks/bench_policy.py                       # gpu_sim, about 35 minutes
+    python tests/benchmarks/bench_policy.py                       # gpu_sim, about 32 minutes
     python tests/benchmarks/bench_policy.py --short               # CI: about 2 minutes
     python tests/benchmarks/bench_policy.py --speed 300           # a 150 s day: 20 minutes
     python tests/benchmarks/bench_policy.py --model torch_mlp     # the real torch model
