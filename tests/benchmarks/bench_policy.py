@@ -42,6 +42,7 @@ import argparse
 import asyncio
 import dataclasses
 import datetime
+import functools
 import logging
 import subprocess
 import sys
@@ -840,27 +841,15 @@ async def benchmark(arguments: argparse.Namespace) -> int:
         )
         out.flush()
 
-    text = render(
-        day=day,
-        model=model,
-        reports=reports,
-        sweep_results=sweep_results,
-        chosen=chosen,
-        markdown=False,
+    tables = functools.partial(
+        render, day=day, model=model, reports=reports, sweep_results=sweep_results, chosen=chosen
     )
-    out.write("\n" + text + "\n")
+    out.write("\n" + tables(markdown=False) + "\n")
     seconds = time.monotonic() - started
     benchmarking.write_summary(
         out_dir,
         f"summary-{model}",
-        markdown=render(
-            day=day,
-            model=model,
-            reports=reports,
-            sweep_results=sweep_results,
-            chosen=chosen,
-            markdown=True,
-        ),
+        markdown=tables(markdown=True),
         data=summary_json(
             day=day,
             model=model,
