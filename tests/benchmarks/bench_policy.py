@@ -49,7 +49,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -459,10 +459,30 @@ async def _drive(
     contender: str,
     config: Config,
 ) -> Replay:
+    records, series = await _load_the_day(day, triton, server, payload, session)
+    return Replay(
+        contender=contender, description=config.describe(), records=records, series=series
+    )
+
+
+async def _load_the_day(
+    day: benchmarking.TradingDay,
+    triton: local_triton.LocalTriton,
+    server: servers.TritonServer,
+    payload: loadgen.InferencePayload,
+    session: aiohttp.ClientSession,
+    *,
+    alongside: Callable[[float, asyncio.Event], Coroutine[Any, Any, None]] | None = None,
+) -> tuple[tuple[loadgen.RequestRecord, ...], tuple[scraping.Snapshot, ...]]:
+    """The day's arrivals against the server, its metrics scraped once a second meanwhile;
+    `alongside(origin, stop)` runs too (batchpilot's runner) until `stop` is set when the load
+    has ended. `origin` is the `time.monotonic()` the load's offsets count from."""
     origin = time.monotonic()
     series: list[scraping.Snapshot] = []
     stop = asyncio.Event()
-    scraper = asyncio.create_task(_scrape(server, origin, series, stop))
+    tasks = [asyncio.create_task(_scrape(server, origin, series, stop))]
+    if alongside is not None:
+        tasks.append(asyncio.create_task(alongside(origin, stop)))
     try:
         result = await loadgen.run_load(
             base_url=triton.http_url,
@@ -473,13 +493,9 @@ async def _drive(
         )
     finally:
         stop.set()
-        await scraper
-    return Replay(
-        contender=contender,
-        description=config.describe(),
-        records=result.records,
-        series=tuple(series),
-    )
+        for task in tasks:
+            await task
+    return result.records, tuple(series)
 
 
 async def _drive_batchpilot(
@@ -520,32 +536,23 @@ async def _drive_batchpilot(
                 )
             )
 
+    async def run_from(started: float, stop: asyncio.Event) -> None:
+        nonlocal origin
+        origin = started  # the runner's clock now follows the day
+        await runner.run(interval=tick_seconds, stop=stop, on_tick=note)
+
     try:
         note(await runner.tick())  # the day's first decision, applied before the traffic
-        origin = time.monotonic()
-        series: list[scraping.Snapshot] = []
-        stop = asyncio.Event()
-        scraper = asyncio.create_task(_scrape(server, origin, series, stop))
-        ticking = asyncio.create_task(runner.run(interval=tick_seconds, stop=stop, on_tick=note))
-        try:
-            result = await loadgen.run_load(
-                base_url=triton.http_url,
-                payload=payload,
-                phases=day.load_phases(),
-                seed=SEED,
-                session=session,
-            )
-        finally:
-            stop.set()
-            await scraper
-            await ticking
+        records, series = await _load_the_day(
+            day, triton, server, payload, session, alongside=run_from
+        )
     finally:
         await source.close()
     return Replay(
         contender="batchpilot",
         description="schedule + load rules + SLO autotune",
-        records=result.records,
-        series=tuple(series),
+        records=records,
+        series=series,
         switches=tuple(switches),
     )
 
