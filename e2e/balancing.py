@@ -18,7 +18,7 @@ from typing import Self
 
 import aiohttp
 
-from batchpilot import loadgen
+from batchpilot_harness import loadgen
 from e2e import fleet
 from e2e.kubes import Kube
 

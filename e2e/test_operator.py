@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from batchpilot import loadgen
+from batchpilot_harness import loadgen
 from e2e import balancing, fleet, operators, waiting
 from e2e.kubes import Kube
 from e2e.operators import OperatorProcess

@@ -84,7 +84,7 @@ def test_triton_argv_is_built_from_the_table_with_one_flag_per_model(tmp_path: P
     assert req is not None
     triton, sidecar = podrunner.RUNTIMES["triton"](req, podrunner.Workspace(directory=tmp_path))
     argv = list(triton.argv)
-    assert argv[1:5] == ["-m", "batchpilot.local_triton", "--host", "10.88.0.7"]
+    assert argv[1:5] == ["-m", "batchpilot_harness.local_triton", "--host", "10.88.0.7"]
     assert argv[-4:] == ["--model", "gpu_sim", "--model", "other-1"]
     assert str(podrunner.MODEL_REPOSITORY) in argv
     assert sidecar.container == "batchpilot-sidecar"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from batchpilot.triton import servers
+from batchpilot_triton import servers
 
 
 @dataclasses.dataclass

@@ -21,7 +21,7 @@ from typing import Protocol
 import pytest
 import yaml
 
-from batchpilot import local_triton
+from batchpilot_harness import local_triton
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 
 from aiohttp import web
 
-from batchpilot import local_triton
+from batchpilot_harness import local_triton
 from batchpilot_sidecar import collecting, gpus, recommending, serving, steptimes
 from fake_nvml import FakeGpu, FakeNvml
 from fake_triton import FakeModel, FakeTriton

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import tritonclient.http
 
-from batchpilot import demo_models, local_triton
+from batchpilot_harness import demo_models, local_triton
 
 LOG_TAIL_BYTES = 3000
 

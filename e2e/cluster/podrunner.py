@@ -98,7 +98,7 @@ def triton_commands(pod: PodRequest, workspace: Workspace) -> tuple[Command, ...
     argv = [
         sys.executable,
         "-m",
-        "batchpilot.local_triton",
+        "batchpilot_harness.local_triton",
         "--host",
         pod.ip,
         "--http-port",

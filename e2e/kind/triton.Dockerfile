@@ -16,7 +16,7 @@ ENV PYTHONUNBUFFERED=1 \
     BATCHPILOT_CACHE=/tmp/batchpilot-cache
 USER 65532:65532
 EXPOSE 8000 8001 8002
-ENTRYPOINT ["python", "-m", "batchpilot.local_triton", "--host", "0.0.0.0", \
+ENTRYPOINT ["python", "-m", "batchpilot_harness.local_triton", "--host", "0.0.0.0", \
             "--http-port", "8000", "--grpc-port", "8001", "--metrics-port", "8002", \
             "--model-repository", "/models"]
 CMD ["--model", "gpu_sim"]

@@ -8,4 +8,6 @@ The package is layered, and `.importlinter` keeps it so:
 - Entry points (the kopf handlers, the standalone runner, the CLI) sit on top and stay thin.
 """
 
-__version__ = "0.1.0"
+from batchpilot_triton import __version__
+
+__all__ = ["__version__"]

@@ -1,4 +1,11 @@
-"""The `batchpilot` command: one console script, one subcommand per job."""
+"""The `batchpilot` command: one console script, one subcommand per job.
+
+`explain`, `run` and `operator` are this package's. Other packages add commands through the
+`batchpilot.commands` entry points (pyproject.toml): the sidecar its `sidecar`, the harness its
+`demo`. This package never imports them, and an installation without them (the operator's
+image) says so when one is asked for. A command module offers `HELP`, `DESCRIPTION`,
+`add_arguments(parser)` and `run(arguments) -> int`.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +16,15 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from importlib import metadata
 from pathlib import Path
+from types import ModuleType
 
 from batchpilot import __version__, explaining
 from batchpilot.policy import documents, specs
-from batchpilot_sidecar import commands as sidecar_commands
+from batchpilot_triton import endpoints
+
+PLUGIN_GROUP = "batchpilot.commands"
 
 
 def _read_named_policy(path: Path) -> documents.NamedPolicy:
@@ -61,7 +72,7 @@ def _run(arguments: argparse.Namespace) -> int:
             triton_urls=arguments.triton,
             metrics_urls=arguments.triton_metrics,
             interval=arguments.interval,
-            listen=running.parse_listen(arguments.listen),
+            listen=_listen(arguments.listen, option="--listen"),
             sidecar_urls=arguments.sidecar,
             ticks=arguments.ticks,
         )
@@ -71,10 +82,10 @@ def _run(arguments: argparse.Namespace) -> int:
 def _operator(arguments: argparse.Namespace) -> int:
     import kopf  # the operator's stack is loaded only for this command
 
-    from batchpilot import handlers, operating, running
+    from batchpilot import handlers, operating
 
     kopf.configure(verbose=arguments.verbose)
-    listen = running.parse_listen(arguments.metrics_listen)
+    listen = _listen(arguments.metrics_listen, option="--metrics-listen")
     options = operating.Options(
         interval=arguments.interval,
         settle_seconds=arguments.settle_seconds,
@@ -92,19 +103,42 @@ def _operator(arguments: argparse.Namespace) -> int:
     )
 
 
-def _sidecar(arguments: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    return sidecar_commands.run(arguments)
+def _listen(text: str, *, option: str) -> tuple[str, int] | None:
+    """`HOST:PORT` for a metrics endpoint; `none` turns it off."""
+    if text == "none":
+        return None
+    return endpoints.parse_listen(text, option=option, example="127.0.0.1:9401, or none")
 
 
-def _demo(arguments: argparse.Namespace) -> int:
-    from batchpilot import demo  # the demo needs the [triton] extra; load it only here
+def _plugins() -> list[tuple[str, ModuleType | Exception]]:
+    """The commands other packages add, each loaded, or the error that kept it out."""
+    found: list[tuple[str, ModuleType | Exception]] = []
+    for entry in sorted(metadata.entry_points(group=PLUGIN_GROUP), key=lambda e: e.name):
+        try:
+            found.append((entry.name, entry.load()))
+        except ImportError as error:
+            found.append((entry.name, error))
+    return found
 
-    return demo.main(
-        short=arguments.short, model=arguments.model, model_repository=arguments.model_repository
-    )
+
+def _unavailable(name: str, error: Exception) -> int:
+    print(f"batchpilot {name}: not part of this installation ({error})", file=sys.stderr)
+    return 2
+
+
+def _add_plugin(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    plugin: ModuleType | Exception,
+) -> None:
+    if isinstance(plugin, Exception):
+        unavailable = commands.add_parser(name, help="(not installed here)", add_help=False)
+        unavailable.add_argument("rest", nargs=argparse.REMAINDER)
+        unavailable.set_defaults(handler=lambda _, error=plugin: _unavailable(name, error))
+        return
+    parser = commands.add_parser(name, help=plugin.HELP, description=plugin.DESCRIPTION)
+    plugin.add_arguments(parser)
+    parser.set_defaults(handler=plugin.run)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -168,14 +202,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="URL",
-        help="a batchpilot sidecar, e.g. http://10.0.0.5:9400 (repeatable): load signals and "
-        "the SLO autotune recommendation come from the sidecars when spec.load.source is "
-        "sidecar (the default)",
+        help=f"a batchpilot sidecar, e.g. http://10.0.0.5:{endpoints.SIDECAR_PORT} (repeatable): "
+        "load signals and the SLO autotune recommendation come from the sidecars when "
+        "spec.load.source is sidecar (the default)",
     )
     run.add_argument("--interval", type=float, default=5.0, help="seconds between ticks")
     run.add_argument(
         "--listen",
-        default="127.0.0.1:9401",
+        default=f"127.0.0.1:{endpoints.RUNNER_METRICS_PORT}",
         help="HOST:PORT for the runner's /metrics and /healthz, or none",
     )
     run.add_argument("--ticks", type=int, help=argparse.SUPPRESS)
@@ -202,7 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
         "queue drain (endpoint changes take a moment to reach every proxy)",
     )
     operator.add_argument(
-        "--metrics-listen", default="0.0.0.0:9402", help="HOST:PORT for /metrics, or none"
+        "--metrics-listen",
+        default=f"{endpoints.EVERY_ADDRESS}:{endpoints.OPERATOR_METRICS_PORT}",
+        help="HOST:PORT for /metrics, or none",
     )
     operator.add_argument(
         "--liveness",
@@ -223,29 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
     operator.add_argument("--verbose", action="store_true", help="kopf's verbose logging")
     operator.set_defaults(handler=_operator)
 
-    sidecar = commands.add_parser(
-        "sidecar",
-        help="GPU and Triton telemetry next to one Triton server, with recommendations",
-        description=sidecar_commands.DESCRIPTION,
-    )
-    sidecar_commands.add_arguments(sidecar)
-    sidecar.set_defaults(handler=_sidecar)
-
-    demo = commands.add_parser(
-        "demo",
-        help="a local Triton, the demo model, a policy and load: watch it switch",
-        description="Start a local tritonserver (CPU) with the gpu_sim demo model, run the "
-        "standalone runner with a compressed schedule and a load rule, drive quiet and busy "
-        "load, print a live view and a summary per profile. Leaves nothing running.",
-    )
-    demo.add_argument("--short", action="store_true", help="a shorter run (about a minute)")
-    demo.add_argument("--model", choices=("gpu_sim", "torch_mlp"), default="gpu_sim")
-    demo.add_argument(
-        "--model-repository",
-        type=Path,
-        help="the demo model repository (default: manifests/model-repository of this checkout)",
-    )
-    demo.set_defaults(handler=_demo)
+    for name, plugin in _plugins():
+        _add_plugin(commands, name, plugin)
     return parser
 
 

@@ -21,12 +21,12 @@ import kubernetes.client
 import kubernetes.config
 
 from batchpilot import reconciling, telemetry
+from batchpilot.applying import fleets
 from batchpilot.kube import pods as kube_pods
 from batchpilot.kube import policies
 from batchpilot.kube.pods import Target
 from batchpilot.policy import specs
 from batchpilot.signals import prometheus, sidecars, sources
-from batchpilot.triton import fleets
 
 logger = logging.getLogger("batchpilot.operator")
 

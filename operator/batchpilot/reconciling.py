@@ -16,11 +16,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from batchpilot import rollouts, telemetry
+from batchpilot import telemetry
+from batchpilot.applying import rollouts
 from batchpilot.kube.pods import Target
 from batchpilot.policy import decisions, documents, specs, statuses
 from batchpilot.signals import sources
-from batchpilot.triton import servers
+from batchpilot_triton import servers
 
 logger = logging.getLogger("batchpilot.operator")
 

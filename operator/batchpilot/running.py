@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from batchpilot import telemetry
+from batchpilot.applying import actuators, overrides
 from batchpilot.policy import decisions, specs
 from batchpilot.signals import sidecars, sources
-from batchpilot.triton import actuators, modelconfigs, servers
+from batchpilot_triton import servers
 
 logger = logging.getLogger("batchpilot.runner")
 
@@ -188,7 +189,7 @@ class Runner:
                     unload_first=self.spec.rollout.unload_before_load,
                     verify_timeout=self.spec.rollout.verify_timeout_seconds,
                 )
-            except modelconfigs.ProfileRefused as error:
+            except overrides.ProfileRefused as error:
                 failures.append(f"{model}: {error}")
                 self._problem(self._server_memory[server.url], f"{server.url}: {error}", "refused")
                 continue
@@ -220,16 +221,6 @@ class Runner:
         if repeat or message != memory.last_problem:
             logger.error("%s", message)
         memory.last_problem = message
-
-
-def parse_listen(text: str) -> tuple[str, int] | None:
-    """`HOST:PORT` for the metrics endpoint; `none` turns it off."""
-    if text == "none":
-        return None
-    host, separator, port = text.rpartition(":")
-    if not separator or not port.isdigit():
-        raise ValueError(f"--listen {text!r}: expected HOST:PORT, e.g. 127.0.0.1:9401, or none")
-    return host.strip("[]") or "0.0.0.0", int(port)  # noqa: S104 - the user asked for all
 
 
 async def run_standalone(

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from batchpilot.policy import specs
+from batchpilot_triton import exposition
 
 PREFIX = "batchpilot"
 
@@ -165,19 +165,7 @@ def set_objective(
 
 async def serve(registry: CollectorRegistry, *, host: str, port: int) -> web.AppRunner:
     """Serve `/metrics` and `/healthz` until the returned runner is cleaned up."""
-
-    async def metrics(_: web.Request) -> web.Response:
-        response = web.Response(body=generate_latest(registry))
-        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
-        return response
-
-    async def healthz(_: web.Request) -> web.Response:
-        return web.Response(text="ok\n")
-
     app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/healthz", healthz)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, host, port).start()
-    return runner
+    app.router.add_get("/metrics", exposition.metrics_handler(registry))
+    app.router.add_get("/healthz", exposition.healthy)
+    return await exposition.start(app, host=host, port=port)

@@ -4,7 +4,7 @@ Every interval the collector takes three readings at once: Triton's metrics page
 inference and execution counts, queue and compute time, pending requests, latency quantiles),
 Triton's statistics extension (executions and compute time per exact batch size: the points of
 the step-time fit) and the GPUs. Rates are increases between two consecutive pages, as
-`batchpilot.triton.scraping` computes them series by series.
+`batchpilot_triton.scraping` computes them series by series.
 
 Memory is bounded whatever Triton serves. Each model keeps the per-interval rates of the last
 `rate_window` seconds and at most `max_observations` step-time observations of the last
@@ -29,13 +29,10 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from batchpilot.triton import scraping, servers
 from batchpilot_sidecar import gpus, steptimes
+from batchpilot_triton import modelconfigs, scraping, servers
 
 logger = logging.getLogger("batchpilot.sidecar")
-
-MEMORY_PER_ITEM_PARAMETER = "batchpilot.dev/memory-per-item-bytes"
-"""A model config parameter: device memory one more batch item takes, for the memory cap."""
 
 TRITON_METRICS = "triton_metrics"
 TRITON_STATISTICS = "triton_statistics"
@@ -91,35 +88,6 @@ class SourceHealth:
 
     def failed(self, error: str) -> SourceHealth:
         return dataclasses.replace(self, last_error=error, failures=self.failures + 1)
-
-
-@dataclass(frozen=True, kw_only=True)
-class ServedConfig:
-    """What the sidecar needs of a model's served configuration."""
-
-    max_batch_size: int
-    max_queue_delay_us: int | None
-    """None when the model has no dynamic batching."""
-    preferred_batch_sizes: tuple[int, ...] = ()
-    memory_per_item_bytes: float | None = None
-
-    @classmethod
-    def from_model_config(cls, config: Mapping[str, Any]) -> ServedConfig:
-        batching = config.get("dynamic_batching")
-        parameter = config.get("parameters", {}).get(MEMORY_PER_ITEM_PARAMETER, {})
-        declared = parameter.get("string_value")
-        if not isinstance(batching, Mapping):
-            batching = None
-        return cls(
-            max_batch_size=int(config.get("max_batch_size", 0)),
-            max_queue_delay_us=(
-                int(batching.get("max_queue_delay_microseconds", 0)) if batching else None
-            ),
-            preferred_batch_sizes=tuple(
-                int(size) for size in (batching or {}).get("preferred_batch_size", [])
-            ),
-            memory_per_item_bytes=float(declared) if declared else None,
-        )
 
 
 def batch_totals(model_stats: Iterable[Mapping[str, Any]]) -> dict[str, dict[int, tuple[int, int]]]:
@@ -186,7 +154,7 @@ class ModelState:
         self.fitted_at: float | None = None
         self.fit_due = False
         """Observations came or went since the last fit (refits wait for `fit_every`)."""
-        self.config: ServedConfig | None = None
+        self.config: modelconfigs.ServedBatching | None = None
         self.config_read_at: float | None = None
         self.config_error: str | None = None
         self.config_stale = True
@@ -396,7 +364,7 @@ class Collector:
                     raise config
                 state.config_error = str(config)
             else:
-                state.config = ServedConfig.from_model_config(config)
+                state.config = modelconfigs.ServedBatching.from_model_config(config)
                 state.config_error = None
 
     def _succeeded(self, source: str, now: float, wall: float) -> None:

@@ -1,5 +1,6 @@
-"""The sidecar's command line: `batchpilot sidecar`, and `python -m batchpilot_sidecar`, which
-starts without the policy models and the operator's libraries (half the memory) for containers.
+"""The sidecar's command line: `python -m batchpilot_sidecar` (what its image runs), and
+`batchpilot sidecar` where the whole of batchpilot is installed (an entry point of the
+`batchpilot.commands` group: the `batchpilot` command finds it without importing this package).
 
 This module only declares arguments; the sidecar itself is imported when it runs.
 """
@@ -13,6 +14,9 @@ import os
 import sys
 from collections.abc import Sequence
 
+from batchpilot_triton import endpoints
+
+HELP = "GPU and Triton telemetry next to one Triton server, with recommendations"
 DESCRIPTION = (
     "Every interval: read NVML (or a DCGM exporter), Triton's metrics and its statistics "
     "extension; fit each model's step time t0 + c*b^alpha; serve /metrics "
@@ -32,7 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--metrics-url", metavar="URL", help="Triton metrics (default: same host, port 8002)"
     )
     parser.add_argument(
-        "--listen", default="0.0.0.0:9400", help="HOST:PORT for /metrics, /status, /healthz"
+        "--listen",
+        default=f"{endpoints.EVERY_ADDRESS}:{endpoints.SIDECAR_PORT}",
+        help="HOST:PORT for /metrics, /status, /healthz",
     )
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between readings")
     parser.add_argument(
@@ -66,6 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(arguments: argparse.Namespace) -> int:
     """Run the sidecar until SIGTERM or Ctrl-C. Invalid arguments raise ValueError."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     from batchpilot_sidecar import collecting, recommending, serving
 
     objective = (
@@ -75,7 +84,9 @@ def run(arguments: argparse.Namespace) -> int:
         serving.run_sidecar(
             triton_url=arguments.triton_url,
             metrics_url=arguments.metrics_url,
-            listen=serving.parse_listen(arguments.listen),
+            listen=endpoints.parse_listen(
+                arguments.listen, example=f"0.0.0.0:{endpoints.SIDECAR_PORT}"
+            ),
             settings=collecting.Settings(
                 interval=arguments.interval,
                 rate_window=arguments.rate_window,
@@ -94,9 +105,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m batchpilot_sidecar", description=DESCRIPTION)
     add_arguments(parser)
     arguments = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
     try:
         return run(arguments)
     except ValueError as error:

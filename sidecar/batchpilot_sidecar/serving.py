@@ -15,24 +15,15 @@ import time
 from collections.abc import Collection
 
 from aiohttp import web
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from batchpilot.triton import servers
 from batchpilot_sidecar import collecting, gpus, recommending, statuses, telemetry
+from batchpilot_triton import exposition, servers
 
 logger = logging.getLogger("batchpilot.sidecar")
 
 HEALTHY_INTERVALS = 5
 """The loop is unhealthy once it has not completed a round for this many intervals."""
 MIN_HEALTHY_SECONDS = 15.0
-
-
-def parse_listen(text: str) -> tuple[str, int]:
-    """`HOST:PORT` to serve on; an empty host means every address."""
-    host, separator, port = text.rpartition(":")
-    if not separator or not port.isdigit():
-        raise ValueError(f"--listen {text!r}: expected HOST:PORT, e.g. 0.0.0.0:9400")
-    return host.strip("[]") or "0.0.0.0", int(port)  # noqa: S104 - the user asked for all
 
 
 def application(
@@ -43,11 +34,6 @@ def application(
 ) -> web.Application:
     started_at = collector.clock() if started is None else started
     registry = telemetry.registry(collector, objective=lambda: default_objective)
-
-    async def metrics(_: web.Request) -> web.Response:
-        response = web.Response(body=generate_latest(registry))
-        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
-        return response
 
     async def status(request: web.Request) -> web.Response:
         try:
@@ -65,7 +51,7 @@ def application(
         return web.Response(text="ok\n")
 
     app = web.Application()
-    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/metrics", exposition.metrics_handler(registry))
     app.router.add_get("/status", status)
     app.router.add_get("/healthz", healthz)
     return app
@@ -89,21 +75,15 @@ async def run_sidecar(
     )
     monitor = gpus.GpuMonitor(gpus.NvmlReader(), dcgm_url=dcgm_url, pod=pod)
     collector = collecting.Collector(triton, monitor, models=models, settings=settings)
-    runner = web.AppRunner(
-        application(collector, default_objective=default_objective, started=time.monotonic()),
-        access_log=None,
-    )
-    await runner.setup()
+    app = application(collector, default_objective=default_objective, started=time.monotonic())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     host, port = listen
+    runner: web.AppRunner | None = None
     try:
-        try:
-            await web.TCPSite(runner, host, port).start()
-        except OSError as error:
-            raise ValueError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+        runner = await exposition.start(app, host=host, port=port)
         logger.info(
             "sidecar for %s (metrics %s) serving on %s:%d; every %gs",
             triton.url,
@@ -116,7 +96,8 @@ async def run_sidecar(
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
-        await runner.cleanup()
+        if runner is not None:
+            await runner.cleanup()
         await monitor.close()
         await triton.close()
     logger.info("stopped")

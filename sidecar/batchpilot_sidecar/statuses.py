@@ -20,9 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from batchpilot import __version__
-from batchpilot.triton import scraping
 from batchpilot_sidecar import collecting, gpus, recommending, steptimes
+from batchpilot_triton import __version__, modelconfigs, scraping
 
 STALE_INTERVALS = 3
 """A source is stale once it has not been read for this many intervals."""
@@ -127,9 +126,11 @@ def recommend(
     )
 
 
-def _memory_cap(config: collecting.ServedConfig, gpu: gpus.GpuTelemetry) -> tuple[int | None, str]:
+def _memory_cap(
+    config: modelconfigs.ServedBatching, gpu: gpus.GpuTelemetry
+) -> tuple[int | None, str]:
     if config.memory_per_item_bytes is None:
-        return None, f"declare parameter {collecting.MEMORY_PER_ITEM_PARAMETER} for a memory cap"
+        return None, f"declare parameter {modelconfigs.MEMORY_PER_ITEM_PARAMETER} for a memory cap"
     free = gpu.least_free_memory()
     if free is None:
         return None, f"free GPU memory unknown: {gpu.reason or 'not reported by every GPU'}"
@@ -327,7 +328,7 @@ def _rates(rates: scraping.ModelRates | None) -> dict[str, Any]:
     }
 
 
-def _config(config: collecting.ServedConfig | None) -> dict[str, Any] | None:
+def _config(config: modelconfigs.ServedBatching | None) -> dict[str, Any] | None:
     if config is None:
         return None
     return {

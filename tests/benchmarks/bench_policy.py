@@ -56,10 +56,12 @@ from typing import Any
 import aiohttp
 import benchmarking
 
-from batchpilot import demo_models, loadgen, local_triton, running, telemetry
+from batchpilot import running, telemetry
+from batchpilot.applying import actuators
 from batchpilot.policy import documents, rendering, specs
 from batchpilot.signals import sidecars
-from batchpilot.triton import actuators, scraping, servers
+from batchpilot_harness import demo_models, loadgen, local_triton
+from batchpilot_triton import scraping, servers
 
 REPO = Path(__file__).resolve().parents[2]
 

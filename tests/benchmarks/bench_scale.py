@@ -50,9 +50,10 @@ from e2e import fleet, operators
 from e2e.kubes import Kube
 from prometheus_client.parser import text_string_to_metric_families
 
-from batchpilot import demo_models
+from batchpilot.applying import actuators
 from batchpilot.policy import rendering, specs
-from batchpilot.triton import actuators, servers
+from batchpilot_harness import demo_models
+from batchpilot_triton import servers
 
 GROUP, VERSION, PLURAL = "batchpilot.dev", "v1alpha1", "batchpolicies"
 PROFILES: dict[str, dict[str, Any]] = {

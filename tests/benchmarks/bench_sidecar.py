@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from batchpilot import demo_models, loadgen, local_triton
+from batchpilot_harness import demo_models, loadgen, local_triton
 
 MODELS = [f"gpu_sim_{i}" for i in range(10)]
 WARM_UP_SECONDS = 8.0

@@ -39,7 +39,7 @@ import kubernetes.client
 from e2e import balancing, fleet, operators
 from e2e.kubes import Kube
 
-from batchpilot import loadgen
+from batchpilot_harness import loadgen
 
 POLICY = "fleet"
 PROFILES: dict[str, dict[str, Any]] = {

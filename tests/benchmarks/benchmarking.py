@@ -1,8 +1,8 @@
 """What the benchmarks share: the compressed trading day, per-window and per-phase accounting,
 tables and plots.
 
-A benchmark replays traffic with `batchpilot.loadgen` (open-loop Poisson arrivals, one record per
-request) and scrapes Triton's metrics page once a second. Everything here turns those two
+A benchmark replays traffic with `batchpilot_harness.loadgen` (open-loop Poisson arrivals, one
+record per request) and scrapes Triton's metrics page once a second. Everything here turns those two
 streams into figures, and is pure: the unit tests feed it made-up records and snapshots.
 
 Times are seconds after the start of the load (`RequestRecord.scheduled`), called offsets. A
@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from batchpilot import loadgen
-from batchpilot.triton import scraping
+from batchpilot_harness import loadgen
+from batchpilot_triton import scraping
 
 if TYPE_CHECKING:
     from e2e.kubes import Kube

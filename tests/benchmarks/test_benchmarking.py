@@ -7,8 +7,8 @@ import datetime
 import benchmarking
 import pytest
 
-from batchpilot import loadgen
-from batchpilot.triton import scraping
+from batchpilot_harness import loadgen
+from batchpilot_triton import scraping
 
 at = datetime.time
 

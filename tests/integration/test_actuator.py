@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from batchpilot import demo_models, loadgen, local_triton
+from batchpilot.applying import actuators, overrides
 from batchpilot.policy import rendering, specs
-from batchpilot.triton import actuators, modelconfigs, servers
+from batchpilot_harness import demo_models, loadgen, local_triton
+from batchpilot_triton import modelconfigs, servers
 from triton_fixtures import TritonFactory
 
 pytestmark = pytest.mark.integration
@@ -105,7 +106,7 @@ async def test_profile_the_model_cannot_take_is_refused_and_nothing_changes(
     before = await served(server)
     too_big = specs.Profile.model_validate({"maxQueueDelayMicroseconds": 100, "maxBatchSize": 256})
     with pytest.raises(
-        modelconfigs.ProfileRefused,
+        overrides.ProfileRefused,
         match="maxBatchSize 256 is above model 'gpu_sim''s own max_batch_size 128",
     ):
         await apply(server, too_big, "huge")

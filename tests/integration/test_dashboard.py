@@ -31,7 +31,8 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 import dashboard_plots
-from batchpilot import demo_models, loadgen, local_triton, observability
+from batchpilot import observability
+from batchpilot_harness import demo_models, loadgen, local_triton
 from prometheus_fixtures import ScrapeTarget, StartPrometheus
 from triton_fixtures import TritonFactory
 

@@ -9,8 +9,8 @@ import numpy.typing as npt
 import pytest
 import tritonclient.http
 
-from batchpilot import demo_models, loadgen, local_triton
-from batchpilot.triton import scraping
+from batchpilot_harness import demo_models, loadgen, local_triton
+from batchpilot_triton import scraping
 from triton_fixtures import TritonFactory, dynamic_batching, triton_client
 
 pytestmark = pytest.mark.integration

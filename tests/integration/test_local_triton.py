@@ -18,7 +18,7 @@ import pytest
 import tritonclient.http
 from tritonclient.utils import InferenceServerException
 
-from batchpilot import demo_models, local_triton
+from batchpilot_harness import demo_models, local_triton
 from triton_fixtures import TritonFactory, triton_client
 
 pytestmark = pytest.mark.integration
@@ -139,7 +139,7 @@ def test_command_line_serves_until_sigterm_then_stops_everything(tmp_path: Path)
     ]
     with output.open("wb") as sink:
         command = subprocess.Popen(
-            [sys.executable, "-m", "batchpilot.local_triton", *arguments],
+            [sys.executable, "-m", "batchpilot_harness.local_triton", *arguments],
             stdout=sink,
             stderr=subprocess.STDOUT,
         )

@@ -8,8 +8,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from batchpilot import demo_models, loadgen
 from batchpilot.signals import prometheus
+from batchpilot_harness import demo_models, loadgen
 from prometheus_fixtures import ScrapeTarget, StartPrometheus
 from triton_fixtures import TritonFactory
 

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from batchpilot import demo_models, local_triton, running, telemetry
+from batchpilot import running, telemetry
 from batchpilot.signals import sources
-from batchpilot.triton import modelconfigs, servers
+from batchpilot_harness import demo_models, local_triton
+from batchpilot_triton import modelconfigs, servers
 from builders import make_spec, utc
 from triton_fixtures import TritonFactory, run_command_until
 

@@ -28,10 +28,12 @@ import pytest
 import tritonclient.http
 from prometheus_client.parser import text_string_to_metric_families
 
-from batchpilot import demo_models, loadgen, local_triton, running, telemetry
+from batchpilot import running, telemetry
+from batchpilot.applying import actuators
 from batchpilot.policy import rendering, specs
 from batchpilot.signals import sidecars
-from batchpilot.triton import actuators, scraping, servers
+from batchpilot_harness import demo_models, loadgen, local_triton
+from batchpilot_triton import scraping, servers
 from builders import make_spec
 from triton_fixtures import TritonFactory, run_command_until, triton_client
 

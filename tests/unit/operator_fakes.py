@@ -10,9 +10,10 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from batchpilot.applying import actuators, overrides
 from batchpilot.kube.pods import Target
 from batchpilot.policy import rendering, specs
-from batchpilot.triton import actuators, modelconfigs, servers
+from batchpilot_triton import servers
 
 
 def target(name: str, *, gated: bool = False, gate: str | None = None, ip: str = "") -> Target:
@@ -64,7 +65,7 @@ class FakeFleet:
     ) -> bool:
         server = self._server(url)
         if server.refuse:
-            raise modelconfigs.ProfileRefused(server.refuse)
+            raise overrides.ProfileRefused(server.refuse)
         return server.profile == profile
 
     async def pending_requests(self, url: str, models: Sequence[str]) -> float:

@@ -6,8 +6,8 @@ import ast
 
 import pytest
 
-from batchpilot import demo_models
-from batchpilot.triton import scraping
+from batchpilot_harness import demo_models
+from batchpilot_triton import scraping
 
 EMULATED_DEVICE_COPIES = sorted(demo_models.MODEL_REPOSITORY.glob("*/1/emulated_device.py"))
 

@@ -6,8 +6,8 @@ import datetime
 
 import pytest
 
-from batchpilot import demo
 from batchpilot.policy import decisions, documents
+from batchpilot_harness import demo
 from builders import utc
 
 

@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from batchpilot.triton import fleets, servers
+from batchpilot.applying import fleets
+from batchpilot_triton import servers
 
 # Nothing listens on the discard port of loopback: connections are refused at once.
 NOBODY = ("http://127.0.0.1:9", "http://127.0.0.2:9")

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from batchpilot import local_triton
+from batchpilot_harness import local_triton
 from batchpilot_sidecar import gpus
 from fake_nvml import GIB, FakeGpu, FakeNvml
 

@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from batchpilot import loadgen
+from batchpilot_harness import loadgen
 
 
 def test_arrivals_follow_the_rate_of_each_phase() -> None:

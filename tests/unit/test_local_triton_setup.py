@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from batchpilot import local_triton
+from batchpilot_harness import local_triton
 
 
 @pytest.fixture

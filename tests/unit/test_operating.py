@@ -10,11 +10,12 @@ from typing import Any
 import operator_fakes
 import pytest
 
-from batchpilot import local_triton, operating, reconciling, telemetry
+from batchpilot import operating, reconciling, telemetry
+from batchpilot.applying import fleets
 from batchpilot.kube.pods import Target
 from batchpilot.policy import specs
 from batchpilot.signals import prometheus, sidecars, sources
-from batchpilot.triton import fleets
+from batchpilot_harness import local_triton
 from builders import spec_document
 
 START = datetime.datetime(2026, 11, 24, 15, tzinfo=datetime.UTC)

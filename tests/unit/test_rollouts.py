@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 from operator_fakes import FakeFleet, FakeGates, FakeServer, target
 
-from batchpilot import rollouts
+from batchpilot.applying import actuators, rollouts
 from batchpilot.policy import rendering, specs
-from batchpilot.triton import actuators
 
 PROFILE = specs.Profile.model_validate({"maxQueueDelayMicroseconds": 2000})
 

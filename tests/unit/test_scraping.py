@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from batchpilot.signals import aggregating
-from batchpilot.triton import scraping
+from batchpilot_triton import scraping
 
 
 def page(

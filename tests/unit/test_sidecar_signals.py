@@ -6,9 +6,9 @@ from contextlib import AsyncExitStack
 
 import pytest
 
-from batchpilot import local_triton
 from batchpilot.policy import decisions
 from batchpilot.signals import sidecars
+from batchpilot_harness import local_triton
 from builders import make_spec
 from fake_triton import FakeModel, FakeTriton
 from sidecar_builders import Clock, fitted, make_collector, serving_app, tick

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from batchpilot.policy import decisions
-from batchpilot.triton import scraping
+from batchpilot_triton import scraping
 
 
 def governed(

@@ -22,7 +22,7 @@ from pydantic.alias_generators import to_camel
 
 from batchpilot.policy import decisions, specs
 from batchpilot.signals import aggregating, sources
-from batchpilot.triton import scraping
+from batchpilot_triton import scraping
 
 
 class _Document(pydantic.BaseModel):

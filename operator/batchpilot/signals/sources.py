@@ -11,7 +11,7 @@ from typing import Protocol
 
 from batchpilot.policy import decisions
 from batchpilot.signals import aggregating
-from batchpilot.triton import scraping, servers
+from batchpilot_triton import scraping, servers
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,9 @@
 A GPU runs the kernels of all instances of all models placed on it one after another. Python-backend
 instances are separate processes, so the device here is a lock file (`fcntl.flock`) that an
 execution holds for as long as it "runs on the device". The lock file comes from the environment
-variable BATCHPILOT_DEVICE_LOCK, which `batchpilot.local_triton` sets per server; without it, the
-server's PID (the stub's parent) names one in the temporary directory, so that two servers on one
-machine never share a device.
+variable BATCHPILOT_DEVICE_LOCK, which `batchpilot_harness.local_triton` sets per server; without
+it, the server's PID (the stub's parent) names one in the temporary directory, so that two
+servers on one machine never share a device.
 
 Device time is exported as Triton custom metrics on the server's metrics endpoint, labelled like
 Triton's own `nv_inference_*` metrics (model, version) and, in addition, by model instance and stub

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
+from batchpilot.applying import overrides
 from batchpilot.policy import rendering, specs
-from batchpilot.triton import modelconfigs
+from batchpilot_triton import modelconfigs
 
 # What tritonserver 2.51 reported for manifests/model-repository/gpu_sim (GET .../config).
 SERVED: dict[str, Any] = json.loads(
@@ -38,13 +39,13 @@ def settings(**profile: Any) -> rendering.Settings:
     )
 
 
-def served_after(target: modelconfigs.Target) -> dict[str, Any]:
+def served_after(target: overrides.Override) -> dict[str, Any]:
     """What Triton reports once it loaded `target`: what was sent, round-tripped."""
     return json.loads(json.dumps(target.config))
 
 
 def test_target_changes_only_batching_max_batch_and_our_parameters() -> None:
-    wanted = modelconfigs.target(
+    wanted = overrides.merge(
         SERVED, settings(preferredBatchSizes=[4, 8]), profile="interactive", model="gpu_sim"
     )
     changed = {key for key in SERVED if wanted.config[key] != SERVED[key]}
@@ -56,37 +57,35 @@ def test_target_changes_only_batching_max_batch_and_our_parameters() -> None:
 
 
 def test_unchanged_profile_matches_what_the_server_reports() -> None:
-    wanted = modelconfigs.target(
+    wanted = overrides.merge(
         SERVED, settings(preferredBatchSizes=[8, 4]), profile="interactive", model="gpu_sim"
     )
     served = served_after(wanted)
     # Triton leaves out fields at their defaults; that is no difference.
     del served["dynamic_batching"]["default_queue_policy"]
-    assert modelconfigs.matches(served, wanted)
-    assert not modelconfigs.matches(SERVED, wanted)
+    assert overrides.matches(served, wanted)
+    assert not overrides.matches(SERVED, wanted)
 
 
 def test_empty_preferred_sizes_are_written_as_triton_fills_them() -> None:
-    wanted = modelconfigs.target(
-        SERVED, settings(maxBatchSize=32), profile="small", model="gpu_sim"
-    )
+    wanted = overrides.merge(SERVED, settings(maxBatchSize=32), profile="small", model="gpu_sim")
     assert wanted.config["max_batch_size"] == 32
     assert wanted.config["dynamic_batching"]["preferred_batch_size"] == [32]
 
 
 def test_lowered_max_batch_size_is_restored_by_a_profile_without_one() -> None:
     capped = served_after(
-        modelconfigs.target(SERVED, settings(maxBatchSize=16), profile="a", model="m")
+        overrides.merge(SERVED, settings(maxBatchSize=16), profile="a", model="m")
     )
     assert capped["max_batch_size"] == 16
-    uncapped = modelconfigs.target(capped, settings(), profile="b", model="m")
+    uncapped = overrides.merge(capped, settings(), profile="b", model="m")
     assert uncapped.config["max_batch_size"] == 128
 
 
 def test_profile_change_alone_is_a_difference() -> None:
-    applied = served_after(modelconfigs.target(SERVED, settings(), profile="a", model="m"))
-    assert not modelconfigs.matches(
-        applied, modelconfigs.target(applied, settings(), profile="b", model="m")
+    applied = served_after(overrides.merge(SERVED, settings(), profile="a", model="m"))
+    assert not overrides.matches(
+        applied, overrides.merge(applied, settings(), profile="b", model="m")
     )
 
 
@@ -105,23 +104,23 @@ def test_profile_change_alone_is_a_difference() -> None:
 )
 def test_profile_the_model_cannot_take_is_refused(profile: dict[str, Any], message: str) -> None:
     with pytest.raises(
-        modelconfigs.ProfileRefused, match=message.replace("[", r"\[").replace("]", r"\]")
+        overrides.ProfileRefused, match=message.replace("[", r"\[").replace("]", r"\]")
     ):
-        modelconfigs.target(SERVED, settings(**profile), profile="x", model="gpu_sim")
+        overrides.merge(SERVED, settings(**profile), profile="x", model="gpu_sim")
 
 
 def test_baseline_survives_a_lowered_max_batch_size() -> None:
     capped = served_after(
-        modelconfigs.target(SERVED, settings(maxBatchSize=16), profile="a", model="m")
+        overrides.merge(SERVED, settings(maxBatchSize=16), profile="a", model="m")
     )
     # 64 is above the served 16 but within the model's own 128.
-    modelconfigs.check(capped, settings(maxBatchSize=64), model="m")
-    with pytest.raises(modelconfigs.ProfileRefused):
-        modelconfigs.check(capped, settings(maxBatchSize=129), model="m")
+    overrides.check(capped, settings(maxBatchSize=64), model="m")
+    with pytest.raises(overrides.ProfileRefused):
+        overrides.check(capped, settings(maxBatchSize=129), model="m")
 
 
 def test_model_without_batching_is_refused() -> None:
     unbatched = copy.deepcopy(SERVED)
     unbatched["max_batch_size"] = 0
-    with pytest.raises(modelconfigs.ProfileRefused, match="does not batch"):
-        modelconfigs.check(unbatched, settings(), model="m")
+    with pytest.raises(overrides.ProfileRefused, match="does not batch"):
+        overrides.check(unbatched, settings(), model="m")

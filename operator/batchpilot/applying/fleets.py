@@ -5,8 +5,9 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from batchpilot.applying import actuators, overrides
 from batchpilot.policy import rendering
-from batchpilot.triton import actuators, modelconfigs, scraping, servers
+from batchpilot_triton import scraping, servers
 
 
 class TritonFleet:
@@ -43,8 +44,8 @@ class TritonFleet:
     ) -> bool:
         """Whether the model already runs the profile (raises ProfileRefused if it cannot)."""
         served = await self.server(url).model_config(model)
-        wanted = modelconfigs.target(served, settings, profile=profile, model=model)
-        return modelconfigs.matches(served, wanted)
+        wanted = overrides.merge(served, settings, profile=profile, model=model)
+        return overrides.matches(served, wanted)
 
     async def pending_requests(self, url: str, models: Sequence[str]) -> float:
         page = await self.server(url).metrics_text()

@@ -7,7 +7,7 @@ that dynamic batching is about. A bound on requests in flight keeps a stalled se
 sockets and memory; an arrival that finds the bound reached is not sent, and is counted as such.
 
 Used by the demo, the integration tests and the benchmarks, and runnable as
-`python -m batchpilot.loadgen --url URL --model NAME --phase RATE:SECONDS ...`.
+`python -m batchpilot_harness.loadgen --url URL --model NAME --phase RATE:SECONDS ...`.
 """
 
 from __future__ import annotations
@@ -325,7 +325,7 @@ async def _run(
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m batchpilot.loadgen",
+        prog="python -m batchpilot_harness.loadgen",
         description="Open-loop Poisson load on one Triton model (KServe v2 HTTP, JSON).",
     )
     parser.add_argument("--url", required=True, help="Triton's HTTP endpoint, http://HOST:PORT")

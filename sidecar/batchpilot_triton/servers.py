@@ -9,17 +9,14 @@ from __future__ import annotations
 import asyncio
 import json
 import types
-from typing import TYPE_CHECKING, Any, Self
-from urllib.parse import urlsplit
+from typing import Any, Self
 
 import aiohttp
 import tritonclient.http.aio as triton_http
 from tritonclient.utils import InferenceServerException
 
-if TYPE_CHECKING:
-    # Only the type: at run time modelconfigs brings the policy models (and their calendar
-    # library) along, which the sidecar, a client of this module, has no use for.
-    from batchpilot.triton.modelconfigs import ModelConfig
+from batchpilot_triton import endpoints
+from batchpilot_triton.modelconfigs import ModelConfig
 
 # What Triton answers to a load or unload when it is not in explicit model-control mode.
 _NOT_EXPLICIT = "explicit model load / unload is not allowed"
@@ -50,21 +47,6 @@ class LoadRejected(TritonError):
     """The server could not load the model with the given configuration."""
 
 
-def _host_port(url: str) -> str:
-    """tritonclient wants host:port without a scheme."""
-    parts = urlsplit(url if "://" in url else f"http://{url}")
-    if not parts.hostname or not parts.port:
-        raise ValueError(f"Triton URL {url!r} needs a host and a port, e.g. http://10.0.0.5:8000")
-    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-    return f"{host}:{parts.port}"
-
-
-def default_metrics_url(url: str, port: int = 8002) -> str:
-    """Triton's metrics endpoint on the same host, on its default port."""
-    host = _host_port(url).rsplit(":", 1)[0]
-    return f"http://{host}:{port}/metrics"
-
-
 class TritonServer:
     """One Triton server, addressed by its HTTP endpoint. Use as an async context manager."""
 
@@ -76,9 +58,9 @@ class TritonServer:
         request_timeout: float = 5.0,
         load_timeout: float = 300.0,
     ) -> None:
-        self.address = _host_port(url)
+        self.address = endpoints.host_port(url)
         self.url = f"http://{self.address}"
-        self.metrics_url = metrics_url or default_metrics_url(url)
+        self.metrics_url = metrics_url or endpoints.default_metrics_url(url)
         self.request_timeout = request_timeout
         self.load_timeout = load_timeout
         self._client: triton_http.InferenceServerClient | None = None

@@ -8,7 +8,7 @@ emulated accelerator per server:
 - `torch_mlp` is a real MLP run with torch on the CPU while it holds the device.
 
 Tests, the demo and the benchmarks compare configurations by what the counters of a model
-increased by under load (`batchpilot.triton.scraping.increase`): average batch size from
+increased by under load (`batchpilot_triton.scraping.increase`): average batch size from
 Triton's own counters, device-seconds per 1,000 inferences from the emulated device's.
 """
 

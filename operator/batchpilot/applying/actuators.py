@@ -15,8 +15,9 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+from batchpilot.applying import overrides
 from batchpilot.policy import rendering
-from batchpilot.triton import modelconfigs, servers
+from batchpilot_triton import modelconfigs, servers
 
 _VERIFY_POLL_SECONDS = 0.1
 
@@ -55,9 +56,9 @@ async def apply_profile(
     clock = asyncio.get_running_loop().time
     started = clock()
     served = await server.model_config(model)
-    wanted = modelconfigs.target(served, settings, profile=profile, model=model)
+    wanted = overrides.merge(served, settings, profile=profile, model=model)
     previous_profile = modelconfigs.applied_profile(served)
-    if modelconfigs.matches(served, wanted):
+    if overrides.matches(served, wanted):
         return Applied(model, profile, previous_profile, False, clock() - started)
 
     try:
@@ -78,12 +79,12 @@ class _NotVerified(Exception):
 
 
 async def _verify(
-    server: servers.TritonServer, model: str, wanted: modelconfigs.Target, *, within: float
+    server: servers.TritonServer, model: str, wanted: overrides.Override, *, within: float
 ) -> None:
     deadline = asyncio.get_running_loop().time() + within
     while True:
         try:
-            if await server.model_ready(model) and modelconfigs.matches(
+            if await server.model_ready(model) and overrides.matches(
                 await server.model_config(model), wanted
             ):
                 return
@@ -107,7 +108,7 @@ async def _restore(
         await _verify(
             server,
             model,
-            modelconfigs.Target(previous, modelconfigs.applied_profile(previous) or ""),
+            overrides.Override(previous, modelconfigs.applied_profile(previous) or ""),
             within=within,
         )
     except (servers.TritonError, _NotVerified):

@@ -1,17 +1,9 @@
-"""Merging a profile's settings into a Triton model configuration, and checking the result.
+"""The configuration override a profile becomes: a profile's settings merged into the model
+configuration a Triton server reports, and the check that the merge is one the model can take.
 
 Triton replaces a model's whole configuration on a load with a config override, so batchpilot
 always starts from the configuration the server reports and changes only `dynamic_batching`,
-`max_batch_size` and two parameters of its own:
-
-- `batchpilot.dev/profile` names the applied profile, so anyone reading the served config (and
-  the operator after a restart) can tell which profile a server runs;
-- `batchpilot.dev/baseline-max-batch-size` keeps the model's own `max_batch_size` from its
-  repository, which a profile may lower but never raise. A restarted server forgets both, which
-  is exactly right: its config is the repository's again.
-
-Configurations are Triton's JSON form (`GET v2/models/{name}/config`), kept as plain dicts: they
-are Triton's documents, not ours, and carry many fields batchpilot must pass through untouched.
+`max_batch_size` and its two parameters (`batchpilot_triton.modelconfigs` names them).
 """
 
 from __future__ import annotations
@@ -21,11 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchpilot.policy import rendering
-
-PROFILE_PARAMETER = "batchpilot.dev/profile"
-BASELINE_PARAMETER = "batchpilot.dev/baseline-max-batch-size"
-
-ModelConfig = dict[str, Any]
+from batchpilot_triton import modelconfigs
+from batchpilot_triton.modelconfigs import ModelConfig
 
 # Triton's defaults for the dynamic_batching fields batchpilot renders; a served config may
 # leave some out.
@@ -50,32 +39,16 @@ class ProfileRefused(ValueError):
 
 
 @dataclass(frozen=True)
-class Target:
+class Override:
     """What the served configuration should say once a profile is applied."""
 
     config: ModelConfig
     profile: str
 
 
-def _parameter(config: ModelConfig, key: str) -> str | None:
-    value = (config.get("parameters") or {}).get(key)
-    return value.get("string_value") if isinstance(value, dict) else None
-
-
-def applied_profile(config: ModelConfig) -> str | None:
-    """The profile batchpilot last applied to this served configuration, if any."""
-    return _parameter(config, PROFILE_PARAMETER)
-
-
-def baseline_max_batch_size(config: ModelConfig) -> int:
-    """The model's own max_batch_size, from its repository configuration."""
-    stored = _parameter(config, BASELINE_PARAMETER)
-    return int(stored) if stored is not None else int(config.get("max_batch_size", 0))
-
-
 def check(config: ModelConfig, settings: rendering.Settings, *, model: str) -> None:
     """Refuse, before anything is applied, a profile the model cannot take."""
-    baseline = baseline_max_batch_size(config)
+    baseline = modelconfigs.baseline_max_batch_size(config)
     if baseline <= 0:
         raise ProfileRefused(
             f"model {model!r} has max_batch_size 0: it does not batch, so dynamic batching "
@@ -94,12 +67,12 @@ def check(config: ModelConfig, settings: rendering.Settings, *, model: str) -> N
         )
 
 
-def target(
+def merge(
     config: ModelConfig, settings: rendering.Settings, *, profile: str, model: str
-) -> Target:
+) -> Override:
     """The served configuration with the profile applied; raises ProfileRefused."""
     check(config, settings, model=model)
-    baseline = baseline_max_batch_size(config)
+    baseline = modelconfigs.baseline_max_batch_size(config)
     merged = copy.deepcopy(config)
     merged["max_batch_size"] = settings.max_batch_size or baseline
     dynamic_batching = copy.deepcopy(settings.dynamic_batching)
@@ -109,10 +82,10 @@ def target(
         dynamic_batching["preferred_batch_size"] = [merged["max_batch_size"]]
     merged["dynamic_batching"] = dynamic_batching
     parameters = dict(merged.get("parameters") or {})
-    parameters[PROFILE_PARAMETER] = {"string_value": profile}
-    parameters[BASELINE_PARAMETER] = {"string_value": str(baseline)}
+    parameters[modelconfigs.PROFILE_PARAMETER] = {"string_value": profile}
+    parameters[modelconfigs.BASELINE_PARAMETER] = {"string_value": str(baseline)}
     merged["parameters"] = parameters
-    return Target(config=merged, profile=profile)
+    return Override(config=merged, profile=profile)
 
 
 def _comparable(config: ModelConfig) -> dict[str, Any]:
@@ -122,10 +95,10 @@ def _comparable(config: ModelConfig) -> dict[str, Any]:
     return {
         "max_batch_size": int(config.get("max_batch_size", 0)),
         "dynamic_batching": batching,
-        "profile": applied_profile(config),
+        "profile": modelconfigs.applied_profile(config),
     }
 
 
-def matches(served: ModelConfig, wanted: Target) -> bool:
+def matches(served: ModelConfig, wanted: Override) -> bool:
     """Whether the server already runs the wanted configuration (no reload needed)."""
     return _comparable(served) == _comparable(wanted.config)

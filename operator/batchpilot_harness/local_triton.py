@@ -634,7 +634,7 @@ def _request_stop(signum: int, frame: types.FrameType | None) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m batchpilot.local_triton",
+        prog="python -m batchpilot_harness.local_triton",
         description="Run the tritonserver of the nvidia-pytriton wheel in the foreground until "
         "SIGTERM or SIGINT, then stop it and its Python-backend stubs.",
     )
@@ -700,18 +700,20 @@ def _serve(server: LocalTriton, *, ready_timeout: float) -> int:
         server.start()
         startup = server.wait_ready(ready_timeout)
         print(
-            f"batchpilot.local_triton: ready in {startup:.2f} s: http={server.http_url} "
+            f"batchpilot_harness.local_triton: ready in {startup:.2f} s: http={server.http_url} "
             f"grpc={server.grpc_address} metrics={server.metrics_url} pid={server.pid}",
             flush=True,
         )
         status = server.wait()
-        print(f"batchpilot.local_triton: tritonserver exited with {status}", file=sys.stderr)
+        print(
+            f"batchpilot_harness.local_triton: tritonserver exited with {status}", file=sys.stderr
+        )
         return status or 1
     except _StopRequested as stop:
-        print(f"batchpilot.local_triton: {stop}, stopping", file=sys.stderr, flush=True)
+        print(f"batchpilot_harness.local_triton: {stop}, stopping", file=sys.stderr, flush=True)
         return 0
     except LocalTritonError as error:
-        print(f"batchpilot.local_triton: {error}", file=sys.stderr)
+        print(f"batchpilot_harness.local_triton: {error}", file=sys.stderr)
         return 1
     finally:
         # Nothing may interrupt the stop itself.

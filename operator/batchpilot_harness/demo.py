@@ -31,10 +31,11 @@ from typing import Any, TextIO
 import aiohttp
 import numpy as np
 
-from batchpilot import demo_models, loadgen, local_triton, running, telemetry
+from batchpilot import running, telemetry
 from batchpilot.policy import documents, specs
 from batchpilot.signals import sources
-from batchpilot.triton import scraping, servers
+from batchpilot_harness import demo_models, loadgen, local_triton
+from batchpilot_triton import scraping, servers
 
 DEMO_MODELS = (demo_models.GPU_SIM, demo_models.TORCH_MLP)
 TICK_SECONDS = 1.0

@@ -21,9 +21,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from batchpilot.applying import actuators, overrides
 from batchpilot.kube.pods import Target
 from batchpilot.policy import rendering, specs
-from batchpilot.triton import actuators, modelconfigs, servers
+from batchpilot_triton import servers
 
 TargetState = Literal["Updated", "Pending", "Failed", "Unreachable"]
 DRAIN_POLL_SECONDS = 0.2
@@ -134,7 +135,7 @@ async def _check(target: Target, plan: Plan, fleet: Fleet) -> Outcome | None:
         for model in plan.models[target.http_url]:
             if not await fleet.runs(target.http_url, model, plan.settings, profile=plan.profile):
                 return None
-    except modelconfigs.ProfileRefused as refused:
+    except overrides.ProfileRefused as refused:
         return Outcome(target, "Failed", None, str(refused))
     except servers.Unreachable as error:
         return Outcome(target, "Unreachable", None, error.message)
@@ -170,7 +171,7 @@ async def _switch(target: Target, plan: Plan, fleet: Fleet, gates: Gates) -> Out
         if target.gated and failure.rolled_back:
             await _open_gate(target, plan, gates, reason="RolledBack")
         return Outcome(target, "Failed", None, failure.message, reloads, failure.rolled_back)
-    except modelconfigs.ProfileRefused as refused:
+    except overrides.ProfileRefused as refused:
         if target.gated:
             await _open_gate(target, plan, gates, reason="Refused")
         return Outcome(target, "Failed", None, str(refused), reloads)

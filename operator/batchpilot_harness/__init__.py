@@ -1,0 +1,12 @@
+"""The development and demo harness: what runs batchpilot for real on one machine, but is not
+batchpilot.
+
+- `local_triton`: a real `tritonserver` (from the `nvidia-pytriton` wheel) on CPU, started and
+  stopped cleanly, with the demo models;
+- `demo_models`: the demo model repository and the emulated accelerator's parameters;
+- `loadgen`: open-loop Poisson load against Triton, one record per request;
+- `demo`: `batchpilot demo` (the `commands` module registers it with the `batchpilot` command).
+
+The tests, the benchmarks and the e2e pod runner use it; no product module imports it (an
+import-linter contract says so), and the operator's image does not carry it.
+"""

@@ -1,0 +1,35 @@
+"""`batchpilot demo`: an entry point of the `batchpilot.commands` group (pyproject.toml), so the
+product's command line offers the demo without importing the harness.
+
+This module only declares arguments; the demo (Triton, load, the runner) is imported when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+HELP = "a local Triton, the demo model, a policy and load: watch it switch"
+DESCRIPTION = (
+    "Start a local tritonserver (CPU) with the gpu_sim demo model, run the standalone runner "
+    "with a compressed schedule and a load rule, drive quiet and busy load, print a live view "
+    "and a summary per profile. Leaves nothing running."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--short", action="store_true", help="a shorter run (about a minute)")
+    parser.add_argument("--model", choices=("gpu_sim", "torch_mlp"), default="gpu_sim")
+    parser.add_argument(
+        "--model-repository",
+        type=Path,
+        help="the demo model repository (default: manifests/model-repository of this checkout)",
+    )
+
+
+def run(arguments: argparse.Namespace) -> int:
+    from batchpilot_harness import demo  # needs the [triton] extra; loaded only to run
+
+    return demo.main(
+        short=arguments.short, model=arguments.model, model_repository=arguments.model_repository
+    )

@@ -1,0 +1,71 @@
+"""What batchpilot reads in a model configuration as Triton serves it.
+
+Configurations are Triton's JSON form (`GET v2/models/{name}/config`), kept as plain dicts: they
+are Triton's documents, not ours, and carry many fields batchpilot passes through untouched.
+batchpilot keeps its own facts about a model in config parameters, named here once:
+
+- `batchpilot.dev/profile`: the profile batchpilot last applied, so anyone reading the served
+  config (and the operator after a restart) can tell which profile a server runs;
+- `batchpilot.dev/baseline-max-batch-size`: the model's own `max_batch_size` from its
+  repository, which a profile may lower but never raise. A restarted server forgets both, which
+  is exactly right: its config is the repository's again;
+- `batchpilot.dev/memory-per-item-bytes`: declared by the model's author, the device memory one
+  more batch item takes, for the sidecar's memory cap on the preferred batch size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+PROFILE_PARAMETER = "batchpilot.dev/profile"
+BASELINE_PARAMETER = "batchpilot.dev/baseline-max-batch-size"
+MEMORY_PER_ITEM_PARAMETER = "batchpilot.dev/memory-per-item-bytes"
+
+ModelConfig = dict[str, Any]
+
+
+def parameter(config: Mapping[str, Any], key: str) -> str | None:
+    """A config parameter's string value, if the config has it."""
+    value = (config.get("parameters") or {}).get(key)
+    return value.get("string_value") if isinstance(value, dict) else None
+
+
+def applied_profile(config: Mapping[str, Any]) -> str | None:
+    """The profile batchpilot last applied to this served configuration, if any."""
+    return parameter(config, PROFILE_PARAMETER)
+
+
+def baseline_max_batch_size(config: Mapping[str, Any]) -> int:
+    """The model's own max_batch_size, from its repository configuration."""
+    stored = parameter(config, BASELINE_PARAMETER)
+    return int(stored) if stored is not None else int(config.get("max_batch_size", 0))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServedBatching:
+    """The batching a model is served with, as the sidecar reports and reasons about it."""
+
+    max_batch_size: int
+    max_queue_delay_us: int | None
+    """None when the model has no dynamic batching."""
+    preferred_batch_sizes: tuple[int, ...] = ()
+    memory_per_item_bytes: float | None = None
+
+    @classmethod
+    def from_model_config(cls, config: Mapping[str, Any]) -> ServedBatching:
+        batching = config.get("dynamic_batching")
+        if not isinstance(batching, Mapping):
+            batching = None
+        declared = parameter(config, MEMORY_PER_ITEM_PARAMETER)
+        return cls(
+            max_batch_size=int(config.get("max_batch_size", 0)),
+            max_queue_delay_us=(
+                int(batching.get("max_queue_delay_microseconds", 0)) if batching else None
+            ),
+            preferred_batch_sizes=tuple(
+                int(size) for size in (batching or {}).get("preferred_batch_size", [])
+            ),
+            memory_per_item_bytes=float(declared) if declared else None,
+        )
