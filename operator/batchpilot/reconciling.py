@@ -315,6 +315,7 @@ class Reconciler:
         unavailable = bool(reading.problems or _missing_metrics(policy, reading))
         metrics.signals_unavailable.labels(name).set(unavailable)
         telemetry.set_objective(metrics, name, policy, decision.profile)
+        telemetry.set_roles(metrics, name, policy)
 
     def _count_targets(
         self, name: str, result: rollouts.Result, unreachable: Mapping[str, str]

@@ -149,6 +149,7 @@ class Runner:
         missing = any(rule.metric not in reading.signals.metrics for rule in rules)
         self.metrics.signals_unavailable.labels(self.name).set(bool(reading.problems) or missing)
         telemetry.set_objective(self.metrics, self.name, self.spec, decision.profile)
+        telemetry.set_roles(self.metrics, self.name, self.spec)
 
     async def _apply(
         self, server: servers.TritonServer, decision: decisions.Decision

@@ -7,6 +7,7 @@ of alerts serve both. Names are documented in the README's metrics table.
 from __future__ import annotations
 
 import contextlib
+import typing
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ PREFIX = "batchpilot"
 # The names as they appear on /metrics (counters with their `_total`), for the dashboard and the
 # alert rules (`batchpilot.observability`) as much as for the collectors below.
 ACTIVE_PROFILE = f"{PREFIX}_active_profile"
+PROFILE_ROLE = f"{PREFIX}_profile_role"
 PROFILE_SWITCHES = f"{PREFIX}_profile_switches_total"
 DECISIONS = f"{PREFIX}_decisions_total"
 APPLY_DURATION = f"{PREFIX}_apply_duration_seconds"
@@ -51,6 +53,7 @@ class ControllerMetrics:
 
     registry: CollectorRegistry
     active_profile: Gauge
+    profile_role: Gauge
     switches: Counter
     decisions: Counter
     apply_seconds: Histogram
@@ -71,6 +74,13 @@ def controller_metrics(registry: CollectorRegistry | None = None) -> ControllerM
             ACTIVE_PROFILE,
             "1 for the profile in force for a policy, 0 for its other profiles.",
             ["policy", "profile"],
+            registry=registry,
+        ),
+        profile_role=Gauge(
+            PROFILE_ROLE,
+            "1 for each profile of a policy, labelled with its role (latency or throughput: "
+            "spec.profiles.*.role, else the one its queue delay implies).",
+            ["policy", "profile", "role"],
             registry=registry,
         ),
         switches=Counter(
@@ -150,6 +160,17 @@ def count_from_zero(
         metrics.switches.labels(policy, profile)
     for reason in reasons:
         metrics.apply_errors.labels(policy, reason)
+
+
+def set_roles(metrics: ControllerMetrics, policy: str, spec: specs.BatchPolicySpec) -> None:
+    """Export each profile's role, so alerts can tell a throughput profile by more than its name."""
+    for profile in spec.profiles:
+        role = spec.profile_role(profile)
+        for other in typing.get_args(specs.ProfileRole):
+            if other != role:
+                with contextlib.suppress(KeyError):  # never exported with that role
+                    metrics.profile_role.remove(policy, profile, other)
+        metrics.profile_role.labels(policy, profile, role).set(1)
 
 
 def set_objective(

@@ -21,6 +21,7 @@ from pydantic import AwareDatetime, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from batchpilot.policy import calendars, durations, validations
+from batchpilot_triton import endpoints
 
 MAX_QUEUE_DELAY_MICROSECONDS = 60_000_000
 MAX_BATCH_SIZE = 4096
@@ -28,6 +29,7 @@ PROFILE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
 Weekday = Literal["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
 WEEKDAYS: tuple[Weekday, ...] = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+ProfileRole = Literal["latency", "throughput"]
 LoadMetric = Literal["queueDepth", "requestRate", "p95LatencyMs", "queueTimeMs", "gpuUtilization"]
 LOAD_METRICS: tuple[LoadMetric, ...] = (
     "queueDepth",
@@ -136,6 +138,11 @@ class Profile(Model):
         ),
     ] = []
     """Queue policies for individual priority levels."""
+    role: ProfileRole | None = None
+    """What the profile is for: latency (answers fast, e.g. interactive) or throughput (spends
+    latency on device efficiency, e.g. bulk). Alerts and dashboards group profiles by it. When
+    absent, the profile with the longest maxQueueDelayMicroseconds of the policy is the
+    throughput profile (if no other has as long a delay) and the others are latency profiles."""
 
     cross_field_rules = (
         validations.CrossFieldRule(
@@ -206,7 +213,7 @@ class Target(Model):
     """Triton Pods in the policy's namespace that the policy governs."""
     port: PortRef = 8000
     """Triton's HTTP port on each Pod, by number or by container port name."""
-    sidecar_port: PortRef = 9400
+    sidecar_port: PortRef = endpoints.SIDECAR_PORT
     """The batchpilot sidecar's port on each Pod, by number or name (load signals, SLO fit)."""
     models: Annotated[
         list[Annotated[str, Field(min_length=1, max_length=253)]],
@@ -483,6 +490,15 @@ class BatchPolicySpec(Model):
             holds=lambda s: s.slo is None or all(_names_profile(s, p) for p in s.slo.profiles),
         ),
     )
+
+    def profile_role(self, profile: str) -> ProfileRole:
+        """The profile's role: its own `role`, else the one its queue delay implies."""
+        declared = self.profiles[profile].role
+        if declared is not None:
+            return declared
+        mine = self.profiles[profile].max_queue_delay_microseconds
+        others = [p.max_queue_delay_microseconds for n, p in self.profiles.items() if n != profile]
+        return "throughput" if others and all(mine > other for other in others) else "latency"
 
     def slo_governs(self, profile: str) -> bool:
         """Whether the latency objective applies while `profile` is active."""
