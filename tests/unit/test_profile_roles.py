@@ -41,9 +41,8 @@ def test_roles_are_exported_one_series_per_profile_and_follow_an_edit() -> None:
     metrics = telemetry.controller_metrics()
     telemetry.set_roles(metrics, "fleet", make_spec())
     role = metrics.registry.get_sample_value
-    assert role(
-        telemetry.PROFILE_ROLE, {"policy": "fleet", "profile": "bulk", "role": "throughput"}
-    )
+    bulk = {"policy": "fleet", "profile": "bulk"}
+    assert role(telemetry.PROFILE_ROLE, {**bulk, "role": "throughput"})
     edited = make_spec(
         profiles={
             "interactive": {"maxQueueDelayMicroseconds": 2000, "role": "throughput"},
