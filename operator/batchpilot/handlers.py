@@ -51,7 +51,7 @@ async def close(*, memo: Any, **_: Any) -> None:
     exporter = memo.get("exporter")
     if exporter is not None:
         await exporter.cleanup()
-    await controller_of(memo).reconciler.fleet.forget_all_but([])
+    await controller_of(memo).reconciler.fleet.close()
 
 
 @kopf.index(GROUP, VERSION, PLURAL)

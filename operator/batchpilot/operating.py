@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
@@ -20,17 +21,16 @@ import kopf
 import kubernetes.client
 import kubernetes.config
 
-from batchpilot import reconciling, telemetry
-from batchpilot.applying import fleets
+from batchpilot import reconciling, reporting, telemetry
+from batchpilot.applying import backoffs, fleets
+from batchpilot.applying.replicas import Replica
 from batchpilot.kube import pods as kube_pods
 from batchpilot.kube import policies
-from batchpilot.kube.pods import Target
 from batchpilot.policy import specs
 from batchpilot.signals import prometheus, sidecars, sources
 
 logger = logging.getLogger("batchpilot.operator")
 
-ERROR_BACKOFF_SECONDS = 5.0
 # A wake-up at a scheduled transition lands just after it, so the decision sees the new state.
 TRANSITION_MARGIN_SECONDS = 0.05
 
@@ -58,7 +58,7 @@ def signal_sources(fleet: fleets.TritonFleet) -> reconciling.SignalSourceFactory
     the targets' own Triton metrics, or its Prometheus."""
 
     def build(
-        namespace: str, policy: specs.BatchPolicySpec, targets: Sequence[Target]
+        namespace: str, policy: specs.BatchPolicySpec, targets: Sequence[Replica]
     ) -> reconciling.SignalSource:
         source = policy.load.source if policy.load else "sidecar"
         if source == "prometheus" and policy.load and policy.load.prometheus:
@@ -92,7 +92,7 @@ class StatusWriter(Protocol):
     async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None: ...
 
 
-def post_event(body: Mapping[str, Any], event: reconciling.Event) -> None:
+def post_event(body: Mapping[str, Any], event: reporting.Event) -> None:
     """An Event on the policy, through kopf's poster (the body is kopf's, from the daemon)."""
     kopf.event(
         cast(kopf.Body, body), type=event.type, reason=event.reason, message=event.message[:1024]
@@ -111,7 +111,7 @@ class Controller:
     reconciler: reconciling.Reconciler
     policies: StatusWriter
     metrics: telemetry.ControllerMetrics
-    post: Callable[[Mapping[str, Any], reconciling.Event], None] = post_event
+    post: Callable[[Mapping[str, Any], reporting.Event], None] = post_event
     clock: Callable[[], datetime.datetime] = utc_now
     wakeups: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
     pods_seen: dict[str, tuple[Any, ...]] = field(default_factory=dict)
@@ -132,11 +132,12 @@ class Controller:
     ) -> None:
         """Reconcile one policy until it is deleted or the operator stops."""
         state = reconciling.PolicyMemory()
+        failing = backoffs.Backoff()
         wakeup = self.wakeup(namespace, name)
         try:
             while not stopped:
                 wakeup.clear()
-                delay = await self._once(namespace, name, body, state)
+                delay = await self._once(namespace, name, body, state, failing)
                 sleeper = asyncio.ensure_future(wakeup.wait())
                 waiter = asyncio.ensure_future(stopped.wait())
                 await asyncio.wait(
@@ -146,11 +147,16 @@ class Controller:
                     task.cancel()
         finally:
             self.wakeups.pop((namespace, name), None)
-            self.reconciler.forget_policy(namespace, name)
+            await self.reconciler.forget_policy(namespace, name)
             await state.close_source()
 
     async def _once(
-        self, namespace: str, name: str, body: Mapping[str, Any], state: reconciling.PolicyMemory
+        self,
+        namespace: str,
+        name: str,
+        body: Mapping[str, Any],
+        state: reconciling.PolicyMemory,
+        failing: backoffs.Backoff,
     ) -> float:
         """One reconcile; the seconds until the next."""
         status: Mapping[str, Any] = body.get("status") or {}
@@ -164,10 +170,14 @@ class Controller:
                 state=state,
             )
         except Exception:
-            # A bug or an API outage must not end the policy's loop: report and try again.
-            logger.exception("%s/%s: reconcile failed", namespace, name)
-            return ERROR_BACKOFF_SECONDS
+            # A bug or an API outage must not end the policy's loop: report, back off, retry.
+            delay = failing.failed(time.monotonic())
+            logger.exception("%s/%s: reconcile failed; retrying in %gs", namespace, name, delay)
+            return delay
+        failing.succeeded()
         for event in outcome.events:
+            if event.reason in ("ProfileSwitched", "DryRunDecision"):
+                logger.info("%s/%s: %s", namespace, name, event.message)
             self.post(body, event)
         if _changed(status, outcome.status):
             try:
@@ -245,7 +255,7 @@ def build_controller(options: Options) -> Controller:
     metrics = telemetry.controller_metrics()
     pods = kube_pods.Pods(api)
     reconciler = reconciling.Reconciler(
-        pods=pods,
+        replicas=pods,
         gates=pods,
         fleet=fleet,
         signal_source=signal_sources(fleet),

@@ -1,38 +1,42 @@
-"""One reconcile of one BatchPolicy: discover, measure, decide, roll out, report.
+"""One pass over one policy: observe, decide, act, report.
 
-The operator's handlers call `Reconciler.reconcile` on every tick of a policy's daemon, with the
-policy's current body. Everything it learns goes into the returned status and events; it keeps
-only the decision engine's memory (and the signal source, whose rates need the previous
-scrape) between calls. Nothing here knows kopf, so it is tested with fakes at the Kubernetes
-and Triton boundaries.
+This is the engine both drivers run: the operator's per-policy daemon (`batchpilot.operating`)
+with Pods for replicas and readiness gates, and the standalone runner (`batchpilot.running`)
+with the servers on its command line and no gates.
+
+- **observe** (I/O): the replicas, what models each serves, the load signals;
+- **decide** (pure): `batchpilot.policy.decisions.decide`;
+- **act** (I/O): the rollout (`batchpilot.applying.rollouts`), or, in a dry run, nothing;
+- **report** (pure): the status and the events (`batchpilot.reporting`), then the metrics.
+
+Nothing here knows kopf, so it is tested with fakes at the Kubernetes and Triton boundaries.
+Between passes it keeps only `PolicyMemory`: the decision engine's memory, the signal source
+(whose rates need the previous scrape) and the standing problems already reported.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
-import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
-from batchpilot import telemetry
+from batchpilot import reporting, telemetry
 from batchpilot.applying import rollouts
-from batchpilot.kube.pods import Target
+from batchpilot.applying.replicas import Replica
 from batchpilot.policy import decisions, documents, specs, statuses
 from batchpilot.signals import sources
 from batchpilot_triton import servers
 
-logger = logging.getLogger("batchpilot.operator")
-
-MAX_TARGET_DETAILS = 64
 SIGNAL_TIMEOUT_SECONDS = 5.0
 
 
-class PodSource(Protocol):
-    async def targets(
+class ReplicaSource(Protocol):
+    async def replicas(
         self, namespace: str, target: specs.Target
-    ) -> tuple[list[Target], list[str]]: ...
+    ) -> tuple[list[Replica], list[str]]: ...
 
 
 class SignalSource(Protocol):
@@ -41,40 +45,47 @@ class SignalSource(Protocol):
     async def close(self) -> None: ...
 
 
-SignalSourceFactory = Callable[[str, specs.BatchPolicySpec, Sequence[Target]], SignalSource]
-"""Builds the signal source for (namespace, policy, targets)."""
+SignalSourceFactory = Callable[[str, specs.BatchPolicySpec, Sequence[Replica]], SignalSource]
+"""Builds the signal source for (namespace, policy, replicas)."""
 
 
 class Fleet(rollouts.Fleet, Protocol):
-    def server(self, url: str) -> servers.TritonServer: ...
+    async def hold(self, holder: Hashable, urls: Sequence[str]) -> None: ...
 
-    async def forget_all_but(self, urls: Sequence[str]) -> None: ...
+    async def release(self, holder: Hashable) -> None: ...
 
-
-@dataclass(frozen=True)
-class Event:
-    type: Literal["Normal", "Warning"]
-    reason: str
-    message: str
+    async def close(self) -> None: ...
 
 
 @dataclass
 class PolicyMemory:
-    """What the operator keeps about one policy between reconciles, in memory only."""
+    """What the engine keeps about one policy between passes, in memory only."""
 
     memory: decisions.Memory = field(default_factory=decisions.Memory)
     source: SignalSource | None = None
     source_key: tuple[str, ...] = ()
     announced: dict[str, str] = field(default_factory=dict)
-    """Last message per event key, so a standing problem is reported once, not every tick."""
+    """Last message per standing problem, so it is reported once, not every tick."""
 
-    def announce(self, key: str, event: Event, into: list[Event]) -> None:
-        if self.announced.get(key) != event.message:
-            self.announced[key] = event.message
-            into.append(event)
+    def announce(self, notices: Sequence[reporting.Notice]) -> tuple[reporting.Event, ...]:
+        """The events to post: every plain one, and standing problems that began or changed."""
+        posted = []
+        for notice in notices:
+            if notice.key is None:
+                posted.extend([notice.event] if notice.event else [])
+            elif notice.event is None:
+                self.announced.pop(notice.key, None)
+            elif self.announced.get(notice.key) != notice.event.message:
+                self.announced[notice.key] = notice.event.message
+                posted.append(notice.event)
+        return tuple(posted)
 
-    def forget(self, key: str) -> None:
-        self.announced.pop(key, None)
+    def resume(self, previous: statuses.BatchPolicyStatus, policy: specs.BatchPolicySpec) -> None:
+        """A restarted operator carries on from the status: no switch, dwell respected."""
+        if self.memory.profile is None and previous.active_profile in policy.profiles:
+            self.memory = decisions.Memory(
+                profile=previous.active_profile, since=previous.last_transition_time
+            )
 
     async def close_source(self) -> None:
         if self.source is not None:
@@ -84,37 +95,34 @@ class PolicyMemory:
 
 @dataclass(frozen=True)
 class Reconciled:
+    """What a pass found and did: the status and events to publish, and when to come back."""
+
+    at: datetime.datetime
     status: dict[str, Any]
-    events: tuple[Event, ...]
+    events: tuple[reporting.Event, ...]
     wake_at: datetime.datetime | None
     decision: decisions.Decision | None = None
     rollout: rollouts.Result | None = None
+    reading: sources.Reading = field(default_factory=lambda: sources.Reading(decisions.Signals()))
+
+
+@dataclass(frozen=True)
+class _Observed:
+    replicas: list[Replica]
+    skipped: list[str]
+    survey: rollouts.Survey
+    reading: sources.Reading
 
 
 def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
-def _stamp(instant: datetime.datetime | None) -> str | None:
-    if instant is None:
-        return None
-    return instant.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _parse_stamp(text: object) -> datetime.datetime | None:
-    if not isinstance(text, str):
-        return None
-    try:
-        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
 class Reconciler:
     def __init__(
         self,
         *,
-        pods: PodSource,
+        replicas: ReplicaSource,
         gates: rollouts.Gates,
         fleet: Fleet,
         signal_source: SignalSourceFactory,
@@ -122,140 +130,133 @@ class Reconciler:
         clock: Callable[[], datetime.datetime] = _now,
         settle_seconds: float = 1.5,
     ) -> None:
-        self.pods = pods
+        self.replica_source = replicas
         self.gates = gates
         self.fleet = fleet
         self.signal_source = signal_source
         self.metrics = metrics
         self.clock = clock
         self.settle_seconds = settle_seconds
-        # The fleet's clients are shared by every policy: a client is closed only once no
-        # policy targets its server, never because another policy's targets changed.
-        self._targets: dict[tuple[str, str], frozenset[str]] = {}
 
-    def forget_policy(self, namespace: str, name: str) -> None:
+    async def forget_policy(self, namespace: str, name: str) -> None:
         """The policy is gone: its servers no longer keep their clients open."""
-        self._targets.pop((namespace, name), None)
+        await self.fleet.release((namespace, name))
 
     async def reconcile(
         self,
         *,
         namespace: str,
         name: str,
-        spec: Mapping[str, Any],
+        spec: Mapping[str, Any] | specs.BatchPolicySpec,
         status: Mapping[str, Any],
         generation: int | None,
         state: PolicyMemory,
     ) -> Reconciled:
         now = self.clock()
-        events: list[Event] = []
-        # Status times are whole seconds; decisions (dwell, for) keep the precise time.
-        report = _Report(now=now.replace(microsecond=0), previous=status, generation=generation)
+        found = reporting.Findings(now=now.replace(microsecond=0), generation=generation)
+        previous = reporting.previous_status(status)
         try:
-            policy = documents.parse_spec(dict(spec))
+            policy = (
+                spec
+                if isinstance(spec, specs.BatchPolicySpec)
+                else documents.parse_spec(dict(spec))
+            )
         except documents.PolicyError as error:
-            message = "; ".join(str(problem) for problem in error.problems)
-            state.announce("InvalidSpec", Event("Warning", "InvalidSpec", message), events)
-            return Reconciled(report.invalid(message), tuple(events), None)
-        state.forget("InvalidSpec")
-        if state.memory.profile is None and status.get("activeProfile") in policy.profiles:
-            # A restarted operator carries on from the status: no switch, dwell respected.
-            state.memory = decisions.Memory(
-                profile=str(status["activeProfile"]),
-                since=_parse_stamp(status.get("lastTransitionTime")),
+            problems = tuple(str(problem) for problem in error.problems)
+            return self._report(
+                name, dataclasses.replace(found, problems=problems), previous, state
             )
+        state.resume(previous, policy)
 
-        targets, skipped = await self.pods.targets(namespace, policy.target)
-        self._targets[(namespace, name)] = frozenset(target.http_url for target in targets)
-        await self.fleet.forget_all_but(sorted(frozenset().union(*self._targets.values())))
-        models, unreachable, missing = await self._models(targets, policy)
-        for target in targets:
-            key = f"unreachable/{target.name}"
-            if target.name in unreachable:
-                message = f"pod {target.name}: {unreachable[target.name]}"
-                state.announce(key, Event("Warning", "TargetUnreachable", message), events)
-            else:
-                state.forget(key)
-        reading = await self._signals(namespace, policy, targets, state)
-        decision = decisions.decide(policy, now, reading.signals, state.memory)
-        previous_profile = state.memory.profile
-        state.memory = decision.memory
-        self._record(name, policy, decision, reading)
-        if decision.switched:
-            event = Event(
-                "Normal",
-                "DryRunDecision" if policy.dry_run else "ProfileSwitched",
-                f"{previous_profile or '(none)'} -> {decision.profile}: {decision.reason}",
-            )
-            events.append(event)
-            logger.info("%s/%s: %s", namespace, name, event.message)
+        observed = await self._observe(namespace, name, policy, state)
+        decision = decisions.decide(policy, now, observed.reading.signals, state.memory)
+        previous_profile, state.memory = state.memory.profile, decision.memory
+        result = await self._act(namespace, policy, decision, observed)
 
-        if missing:
-            message = "; ".join(missing)
-            state.announce("InvalidSpec", Event("Warning", "InvalidSpec", message), events)
-            return Reconciled(
-                report.invalid(message, decision=decision), tuple(events), decision.next_transition
-            )
+        found = dataclasses.replace(
+            found,
+            problems=observed.survey.missing,
+            policy=policy,
+            decision=decision,
+            previous_profile=previous_profile,
+            replicas=observed.replicas,
+            skipped=observed.skipped,
+            result=result,
+            signal_problems=(
+                *observed.reading.problems,
+                *reporting.missing_signals(policy, observed.reading.signals.metrics),
+            ),
+        )
+        return self._report(name, found, previous, state, observed.reading)
+
+    async def _observe(
+        self, namespace: str, name: str, policy: specs.BatchPolicySpec, state: PolicyMemory
+    ) -> _Observed:
+        replicas, skipped = await self.replica_source.replicas(namespace, policy.target)
+        await self.fleet.hold((namespace, name), [replica.http_url for replica in replicas])
+        survey, reading = await asyncio.gather(
+            rollouts.survey(replicas, policy.target.models, self.fleet),
+            self._signals(namespace, policy, replicas, state),
+        )
+        return _Observed(replicas, skipped, survey, reading)
+
+    async def _act(
+        self,
+        namespace: str,
+        policy: specs.BatchPolicySpec,
+        decision: decisions.Decision,
+        observed: _Observed,
+    ) -> rollouts.Result | None:
+        if observed.survey.missing:
+            return None  # the spec names models the fleet lacks: change nothing anywhere
         if policy.dry_run:
-            await self._open_gates_for_dry_run(namespace, targets)
-            return Reconciled(
-                report.decided(policy, decision, targets, None, reading, skipped, unreachable),
-                tuple(events),
-                decision.next_transition,
-                decision,
-            )
-
+            await rollouts.open_gates_for_dry_run(observed.replicas, namespace, self.gates)
+            return rollouts.dry_run(observed.replicas, observed.survey)
         plan = rollouts.Plan(
             namespace=namespace,
             profile=decision.profile,
             settings=decision.settings,
-            models=models,
             rollout=policy.rollout,
             settle_seconds=self.settle_seconds,
         )
-        reachable = [target for target in targets if target.http_url in models]
-        result = await rollouts.roll_out(reachable, plan, self.fleet, self.gates)
-        self._rollout_events(name, result, decision, state, events)
-        self._count_targets(name, result, unreachable)
-        return Reconciled(
-            report.decided(policy, decision, targets, result, reading, skipped, unreachable),
-            tuple(events),
-            decision.next_transition,
-            decision,
-            result,
+        return await rollouts.roll_out(
+            observed.replicas, observed.survey, plan, self.fleet, self.gates
         )
 
-    async def _models(
-        self, targets: Sequence[Target], policy: specs.BatchPolicySpec
-    ) -> tuple[dict[str, list[str]], dict[str, str], list[str]]:
-        """Models per reachable target, unreachable targets, and models a target lacks."""
-        models: dict[str, list[str]] = {}
-        unreachable: dict[str, str] = {}
-        missing: list[str] = []
-
-        async def one(target: Target) -> None:
-            try:
-                loaded = await self.fleet.loaded_models(target.http_url)
-            except servers.TritonError as error:
-                unreachable[target.name] = error.message
-                return
-            wanted = policy.target.models or loaded
-            lacking = [model for model in wanted if model not in loaded]
-            if lacking:
-                missing.append(
-                    f"spec.target.models: {', '.join(repr(m) for m in lacking)} not loaded on "
-                    f"pod {target.name} (it has: {', '.join(loaded) or 'no models'})"
-                )
-            models[target.http_url] = list(wanted)
-
-        await asyncio.gather(*(one(target) for target in targets))
-        return models, unreachable, sorted(missing)
+    def _report(
+        self,
+        name: str,
+        found: reporting.Findings,
+        previous: statuses.BatchPolicyStatus,
+        state: PolicyMemory,
+        reading: sources.Reading | None = None,
+    ) -> Reconciled:
+        if found.policy is not None and found.decision is not None:
+            telemetry.record_decision(
+                self.metrics,
+                name,
+                found.policy,
+                found.decision,
+                signals=reading.signals.metrics if reading else {},
+                signals_missing=bool(found.signal_problems),
+            )
+        if found.result is not None and not found.result.dry_run:
+            telemetry.record_rollout(self.metrics, name, found.result)
+        return Reconciled(
+            at=found.now,
+            status=reporting.status(found, previous),
+            events=state.announce(reporting.notices(found)),
+            wake_at=found.decision.next_transition if found.decision else None,
+            decision=found.decision,
+            rollout=found.result,
+            reading=reading or sources.Reading(decisions.Signals()),
+        )
 
     async def _signals(
         self,
         namespace: str,
         policy: specs.BatchPolicySpec,
-        targets: Sequence[Target],
+        replicas: Sequence[Replica],
         state: PolicyMemory,
     ) -> sources.Reading:
         wanted = bool(policy.load and policy.load.rules) or bool(policy.slo and policy.slo.autotune)
@@ -264,10 +265,10 @@ class Reconciler:
         prometheus = policy.load.prometheus.url if policy.load and policy.load.prometheus else ""
         source = policy.load.source if policy.load else "sidecar"
         slo = policy.slo.model_dump_json() if policy.slo else ""
-        key = (source, prometheus, slo, *(f"{t.http_url} {t.sidecar_url}" for t in targets))
+        key = (source, prometheus, slo, *(f"{r.http_url} {r.sidecar_url}" for r in replicas))
         if state.source is None or state.source_key != key:
             await state.close_source()
-            state.source = self.signal_source(namespace, policy, targets)
+            state.source = self.signal_source(namespace, policy, replicas)
             state.source_key = key
         try:
             async with asyncio.timeout(SIGNAL_TIMEOUT_SECONDS):
@@ -276,283 +277,3 @@ class Reconciler:
             return sources.Reading(
                 signals=decisions.Signals(), problems=(f"reading signals: {error}",)
             )
-
-    async def _open_gates_for_dry_run(self, namespace: str, targets: Sequence[Target]) -> None:
-        """A dry run changes no Triton server, but must not keep gated Pods out of service."""
-        for target in targets:
-            if target.gated and target.gate != "True":
-                await self.gates.set_gate(
-                    namespace,
-                    target.name,
-                    applied=True,
-                    reason="DryRun",
-                    message="batchpilot runs this policy as a dry run",
-                )
-
-    def _record(
-        self,
-        name: str,
-        policy: specs.BatchPolicySpec,
-        decision: decisions.Decision,
-        reading: sources.Reading,
-    ) -> None:
-        metrics = self.metrics
-        telemetry.count_from_zero(
-            metrics, name, profiles=policy.profiles, reasons=telemetry.OPERATOR_APPLY_ERRORS
-        )
-        if decision.switched:
-            metrics.switches.labels(name, decision.profile).inc()
-        metrics.decisions.labels(name, decision.source).inc()
-        for profile in policy.profiles:
-            metrics.active_profile.labels(name, profile).set(profile == decision.profile)
-        metrics.queue_delay.labels(name).set(
-            decision.settings.dynamic_batching["max_queue_delay_microseconds"]
-        )
-        upcoming = decision.next_transition
-        metrics.next_transition.labels(name).set(upcoming.timestamp() if upcoming else 0)
-        for metric, value in reading.signals.metrics.items():
-            metrics.signal.labels(name, metric).set(value)
-        unavailable = bool(reading.problems or _missing_metrics(policy, reading))
-        metrics.signals_unavailable.labels(name).set(unavailable)
-        telemetry.set_objective(metrics, name, policy, decision.profile)
-        telemetry.set_roles(metrics, name, policy)
-
-    def _count_targets(
-        self, name: str, result: rollouts.Result, unreachable: Mapping[str, str]
-    ) -> None:
-        counts = {
-            "updated": result.count("Updated"),
-            "pending": result.count("Pending"),
-            "failed": result.count("Failed"),
-            "unreachable": result.count("Unreachable") + len(unreachable),
-        }
-        for state, count in counts.items():
-            self.metrics.targets.labels(name, state).set(count)
-
-    def _rollout_events(
-        self,
-        name: str,
-        result: rollouts.Result,
-        decision: decisions.Decision,
-        state: PolicyMemory,
-        events: list[Event],
-    ) -> None:
-        for outcome in result.outcomes:
-            key = f"target/{outcome.target.name}"
-            if outcome.state in ("Failed", "Unreachable"):
-                reason = "RolledBack" if outcome.rolled_back else "ApplyFailed"
-                message = f"pod {outcome.target.name}: {outcome.message}"
-                state.announce(key, Event("Warning", reason, message), events)
-                self.metrics.apply_errors.labels(name, reason).inc()
-            else:
-                state.forget(key)
-        reloaded = sum(outcome.reloads for outcome in result.outcomes)
-        if reloaded and result.count("Updated") == len(result.outcomes):
-            events.append(
-                Event(
-                    "Normal",
-                    "RolledOut",
-                    f"{decision.profile} on {len(result.outcomes)}/{len(result.outcomes)} "
-                    f"targets in {result.seconds:.1f}s ({reloaded} reloads)",
-                )
-            )
-
-
-@dataclass(frozen=True)
-class _Report:
-    """Builds the status from what a reconcile found."""
-
-    now: datetime.datetime
-    previous: Mapping[str, Any]
-    generation: int | None
-
-    def _conditions(self, wanted: Mapping[str, tuple[bool, str, str]]) -> list[dict[str, Any]]:
-        before = {c.get("type"): c for c in self.previous.get("conditions") or []}
-        conditions = []
-        for kind, (holds, reason, message) in wanted.items():
-            status = "True" if holds else "False"
-            earlier = before.get(kind, {})
-            changed = earlier.get("status") != status
-            conditions.append(
-                statuses.Condition(
-                    type=kind,
-                    status=status,
-                    reason=reason,
-                    message=message[:4096],
-                    last_transition_time=self.now
-                    if changed
-                    else _parse_stamp(earlier.get("lastTransitionTime")) or self.now,
-                    observed_generation=self.generation,
-                ).model_dump(by_alias=True, mode="json", exclude_none=True)
-            )
-        return conditions
-
-    def invalid(
-        self, message: str, *, decision: decisions.Decision | None = None
-    ) -> dict[str, Any]:
-        status = dict(self.previous)
-        status.pop("conditions", None)
-        status["reason"] = f"invalid spec: {message}"[:1024]
-        status["observedGeneration"] = self.generation
-        if decision is not None:
-            status["desiredProfile"] = decision.desired_profile
-        status["conditions"] = self._conditions(
-            {
-                "Ready": (False, "InvalidSpec", "the spec cannot be applied; nothing was changed"),
-                "InvalidSpec": (True, "InvalidSpec", message),
-                "Progressing": (False, "InvalidSpec", ""),
-                "Degraded": (False, "InvalidSpec", ""),
-                "SignalsUnavailable": (False, "InvalidSpec", ""),
-            }
-        )
-        return _json(status)
-
-    def decided(
-        self,
-        policy: specs.BatchPolicySpec,
-        decision: decisions.Decision,
-        targets: Sequence[Target],
-        result: rollouts.Result | None,
-        reading: sources.Reading,
-        skipped: Sequence[str],
-        unreachable: Mapping[str, str],
-    ) -> dict[str, Any]:
-        details: list[statuses.TargetStatus] = []
-        by_name = {o.target.name: o for o in result.outcomes} if result else {}
-        earlier = {d.get("name"): d for d in self.previous.get("targetDetails") or []}
-
-        def since(name: str, state: str, message: str) -> datetime.datetime:
-            """The state's start: unchanged details keep their time, so status stays still."""
-            before = earlier.get(name, {})
-            if before.get("state") == state and before.get("message", "") == message:
-                return _parse_stamp(before.get("lastUpdateTime")) or self.now
-            return self.now
-
-        for target in targets:
-            outcome = by_name.get(target.name)
-            if outcome is not None:
-                details.append(
-                    statuses.TargetStatus(
-                        name=target.name,
-                        endpoint=target.endpoint,
-                        profile=outcome.profile,
-                        state=outcome.state,
-                        message=outcome.message[:1024],
-                        last_update_time=since(target.name, outcome.state, outcome.message[:1024]),
-                    )
-                )
-            elif target.name in unreachable:
-                details.append(
-                    statuses.TargetStatus(
-                        name=target.name,
-                        endpoint=target.endpoint,
-                        state="Unreachable",
-                        message=unreachable[target.name][:1024],
-                        last_update_time=since(
-                            target.name, "Unreachable", unreachable[target.name][:1024]
-                        ),
-                    )
-                )
-            else:  # a dry run
-                details.append(
-                    statuses.TargetStatus(
-                        name=target.name,
-                        endpoint=target.endpoint,
-                        state="Pending",
-                        message="dry run: nothing applied",
-                        last_update_time=self.now,
-                    )
-                )
-        total = len(targets)
-        updated = sum(d.state == "Updated" for d in details)
-        failed = sum(d.state in ("Failed", "Unreachable") for d in details)
-        summary = f"{updated}/{total} updated" + (f", {failed} failed" if failed else "")
-        if policy.dry_run:
-            summary = f"dry run, {total} targets"
-        missing_metrics = _missing_metrics(policy, reading)
-        signal_problems = [*reading.problems, *missing_metrics]
-        ready = not policy.dry_run and total > 0 and updated == total
-        if policy.dry_run:
-            ready_reason, ready_message = "DryRun", "decisions are reported, nothing is applied"
-        elif total == 0:
-            ready_reason = "NoTargets"
-            ready_message = "no Running Pod with an IP matches spec.target.selector"
-            if skipped:
-                ready_message += f" ({'; '.join(skipped)})"
-        elif ready:
-            ready_reason, ready_message = "RolledOut", f"{decision.profile} on every target"
-        else:
-            ready_reason, ready_message = "NotAllUpdated", summary
-        holding = decision.desired_profile != decision.profile
-        pending = sum(d.state == "Pending" for d in details)
-        conditions = self._conditions(
-            {
-                "Ready": (ready, ready_reason, ready_message),
-                "Progressing": (
-                    holding or pending > 0,
-                    "DwellHolding" if holding else ("RolloutPending" if pending else "Stable"),
-                    decision.reason
-                    if holding
-                    else (f"{pending} targets pending" if pending else ""),
-                ),
-                "Degraded": (
-                    failed > 0,
-                    "TargetsFailed" if failed else "AllHealthy",
-                    "; ".join(
-                        f"{d.name}: {d.message}"
-                        for d in details
-                        if d.state in ("Failed", "Unreachable")
-                    ),
-                ),
-                "InvalidSpec": (False, "Valid", ""),
-                "SignalsUnavailable": (
-                    bool(signal_problems),
-                    "SignalsMissing" if signal_problems else "SignalsAvailable",
-                    "; ".join(signal_problems)
-                    + (
-                        "; load rules keep their last state, then the schedule decides"
-                        if signal_problems
-                        else ""
-                    ),
-                ),
-            }
-        )
-        previous_active = self.previous.get("activeProfile")
-        switched = previous_active != decision.profile
-        last_transition = (
-            self.now
-            if switched
-            else _parse_stamp(self.previous.get("lastTransitionTime")) or decision.memory.since
-        )
-        status = statuses.BatchPolicyStatus(
-            active_profile=decision.profile,
-            desired_profile=decision.desired_profile,
-            reason=decision.reason[:1024],
-            last_transition_time=last_transition,
-            next_transition_time=decision.next_transition,
-            targets=statuses.TargetCounts(
-                total=total, updated=updated, failed=failed, summary=summary
-            ),
-            target_details=details[:MAX_TARGET_DETAILS],
-            observed_generation=self.generation,
-        ).model_dump(by_alias=True, mode="json", exclude_none=True)
-        status["conditions"] = conditions
-        # A merge patch keeps fields it does not mention; clear what no longer applies.
-        status.setdefault("nextTransitionTime", None)
-        return _json(status)
-
-
-def _missing_metrics(policy: specs.BatchPolicySpec, reading: sources.Reading) -> list[str]:
-    rules = policy.load.rules if policy.load else []
-    missing = sorted({rule.metric for rule in rules} - set(reading.signals.metrics))
-    return [f"no {metric} measurement" for metric in missing]
-
-
-def _json(status: Mapping[str, Any]) -> dict[str, Any]:
-    """Timestamps as the API's RFC 3339 seconds; everything else as it is."""
-    rendered: dict[str, Any] = {}
-    for key, value in status.items():
-        if isinstance(value, datetime.datetime):
-            value = _stamp(value)
-        rendered[key] = value
-    return rendered

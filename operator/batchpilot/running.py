@@ -1,10 +1,12 @@
 """The standalone runner: one policy, a list of Triton servers, no Kubernetes.
 
-Every tick it reads load signals, asks the decision engine, and makes each server run the
-decided profile, one server after another. Applying is idempotent, so the same pass that rolls
-out a switch also repairs drift: a server that restarted with its repository configuration is
-brought back to the active profile on the next tick. A server that fails to answer is retried
-with exponential backoff and does not hold up the others.
+It drives the operator's engine (`batchpilot.reconciling`) with the servers on its command line
+for replicas and no readiness gates: every tick reads load signals, decides, and rolls the
+decided profile out over the servers `rollout.maxUnavailable` at a time, exactly as the
+operator does. Applying is idempotent, so the same pass that rolls out a switch also repairs
+drift: a server that restarted with its repository configuration is brought back to the active
+profile on the next tick. A server that fails to answer is left alone with exponential backoff
+and does not hold up the others. What the operator posts as events, the runner logs.
 """
 
 from __future__ import annotations
@@ -16,57 +18,49 @@ import logging
 import signal
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass
+from typing import Any
 
-from batchpilot import telemetry
-from batchpilot.applying import actuators, overrides
+from batchpilot import reconciling, reporting, telemetry
+from batchpilot.applying import fleets, replicas, rollouts
+from batchpilot.applying.replicas import Replica
 from batchpilot.policy import decisions, specs
 from batchpilot.signals import sidecars, sources
 from batchpilot_triton import servers
 
 logger = logging.getLogger("batchpilot.runner")
 
-ServerState = Literal["updated", "failed", "unreachable"]
-MAX_BACKOFF_SECONDS = 60.0
-
-
-@dataclass(frozen=True)
-class ServerOutcome:
-    url: str
-    state: ServerState
-    message: str = ""
-    reloads: int = 0
-
 
 @dataclass(frozen=True)
 class TickReport:
+    """What one tick found and did."""
+
     at: datetime.datetime
     decision: decisions.Decision
     reading: sources.Reading
-    outcomes: tuple[ServerOutcome, ...]
+    rollout: rollouts.Result | None
+    """None when the spec names a model some server lacks: nothing was applied."""
+    events: tuple[reporting.Event, ...]
 
-
-@dataclass
-class _Backoff:
-    failures: int = 0
-    retry_at: float = 0.0
-
-    def failed(self, now: float) -> float:
-        self.failures += 1
-        delay = min(2.0 ** (self.failures - 1), MAX_BACKOFF_SECONDS)
-        self.retry_at = now + delay
-        return delay
-
-
-@dataclass
-class _ServerMemory:
-    backoff: _Backoff = field(default_factory=_Backoff)
-    last_problem: str = ""
+    @property
+    def outcomes(self) -> tuple[rollouts.Outcome, ...]:
+        return self.rollout.outcomes if self.rollout else ()
 
 
 def utc_now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
+
+
+class _Servers:
+    """The runner's replicas: the same servers every tick, whatever the selector says."""
+
+    def __init__(self, found: Sequence[Replica]) -> None:
+        self._found = list(found)
+
+    async def replicas(
+        self, namespace: str, target: specs.Target
+    ) -> tuple[list[Replica], list[str]]:
+        return list(self._found), []
 
 
 class Runner:
@@ -85,31 +79,38 @@ class Runner:
         self.name = name
         self.spec = spec
         self.servers = list(triton_servers)
-        self.source = source
         self.metrics = metrics
-        self.clock = clock
-        self.memory = decisions.Memory()
-        telemetry.count_from_zero(
-            metrics, name, profiles=spec.profiles, reasons=telemetry.RUNNER_APPLY_ERRORS
+        self.fleet = fleets.TritonFleet()
+        for server in self.servers:
+            self.fleet.adopt(server)
+        self.engine = reconciling.Reconciler(
+            replicas=_Servers([replicas.from_url(server.url) for server in self.servers]),
+            gates=rollouts.NoGates(),
+            fleet=self.fleet,
+            signal_source=lambda namespace, policy, found: source,
+            metrics=metrics,
+            clock=clock,
+            settle_seconds=0.0,
         )
-        self._server_memory = {server.url: _ServerMemory() for server in self.servers}
+        self.state = reconciling.PolicyMemory()
+        self.status: dict[str, Any] = {}
+        """The status the operator would write for this policy, as of the last tick."""
+        telemetry.count_from_zero(metrics, name, profiles=spec.profiles)
 
     async def tick(self) -> TickReport:
-        now = self.clock()
-        reading = await self.source.read()
-        for problem in reading.problems:
-            logger.warning("signals: %s", problem)
-        decision = decisions.decide(self.spec, now, reading.signals, self.memory)
-        self.memory = decision.memory
-        self._report_decision(decision, reading)
-        if self.spec.dry_run:
-            outcomes: list[ServerOutcome] = []
-        else:
-            outcomes = [await self._apply(server, decision) for server in self.servers]
-        for state in ("updated", "failed", "unreachable"):
-            count = sum(outcome.state == state for outcome in outcomes)
-            self.metrics.targets.labels(self.name, state).set(count)
-        return TickReport(now, decision, reading, tuple(outcomes))
+        report = await self.engine.reconcile(
+            namespace="",
+            name=self.name,
+            spec=self.spec,
+            status=self.status,
+            generation=None,
+            state=self.state,
+        )
+        self.status = report.status
+        assert report.decision is not None, "a parsed spec is always decided"
+        tick = TickReport(report.at, report.decision, report.reading, report.rollout, report.events)
+        self._log(tick)
+        return tick
 
     async def run(
         self,
@@ -128,100 +129,23 @@ class Runner:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=max(remaining, 0.0))
 
-    def _report_decision(self, decision: decisions.Decision, reading: sources.Reading) -> None:
-        if decision.switched:
-            logger.info("switch to %s: %s", decision.profile, decision.reason)
-            self.metrics.switches.labels(self.name, decision.profile).inc()
-        else:
-            logger.info("keep %s: %s", decision.profile, decision.reason)
-        self.metrics.decisions.labels(self.name, decision.source).inc()
-        for profile in self.spec.profiles:
-            self.metrics.active_profile.labels(self.name, profile).set(
-                1 if profile == decision.profile else 0
-            )
-        delay = decision.settings.dynamic_batching["max_queue_delay_microseconds"]
-        self.metrics.queue_delay.labels(self.name).set(delay)
-        upcoming = decision.next_transition
-        self.metrics.next_transition.labels(self.name).set(upcoming.timestamp() if upcoming else 0)
-        for metric, value in reading.signals.metrics.items():
-            self.metrics.signal.labels(self.name, metric).set(value)
-        rules = self.spec.load.rules if self.spec.load else []
-        missing = any(rule.metric not in reading.signals.metrics for rule in rules)
-        self.metrics.signals_unavailable.labels(self.name).set(bool(reading.problems) or missing)
-        telemetry.set_objective(self.metrics, self.name, self.spec, decision.profile)
-        telemetry.set_roles(self.metrics, self.name, self.spec)
+    async def close(self) -> None:
+        """Close the signal source and every server's client."""
+        await self.state.close_source()
+        await self.fleet.close()
+        for server in self.servers:
+            await server.close()
 
-    async def _apply(
-        self, server: servers.TritonServer, decision: decisions.Decision
-    ) -> ServerOutcome:
-        memory = self._server_memory[server.url]
-        if time.monotonic() < memory.backoff.retry_at:
-            return ServerOutcome(server.url, "unreachable", memory.last_problem)
-        try:
-            outcome = await self._apply_models(server, decision)
-        except servers.Unreachable as error:
-            delay = memory.backoff.failed(time.monotonic())
-            self._problem(memory, f"{error}; retrying in {delay:g}s", "unreachable")
-            return ServerOutcome(server.url, "unreachable", str(error))
-        except servers.ExplicitModeRequired as error:
-            self._problem(memory, str(error), "explicit_mode_required")
-            return ServerOutcome(server.url, "failed", str(error))
-        except servers.TritonError as error:
-            self._problem(memory, str(error), "model_unavailable")
-            return ServerOutcome(server.url, "failed", str(error))
-        memory.backoff = _Backoff()
-        if outcome.state == "updated":
-            memory.last_problem = ""
-        return outcome
-
-    async def _apply_models(
-        self, server: servers.TritonServer, decision: decisions.Decision
-    ) -> ServerOutcome:
-        models = self.spec.target.models or await server.loaded_models()
-        reloads = 0
-        failures: list[str] = []
-        for model in models:
-            try:
-                applied = await actuators.apply_profile(
-                    server,
-                    model,
-                    decision.settings,
-                    profile=decision.profile,
-                    unload_first=self.spec.rollout.unload_before_load,
-                    verify_timeout=self.spec.rollout.verify_timeout_seconds,
-                )
-            except overrides.ProfileRefused as error:
-                failures.append(f"{model}: {error}")
-                self._problem(self._server_memory[server.url], f"{server.url}: {error}", "refused")
-                continue
-            except actuators.ApplyFailed as error:
-                failures.append(f"{model}: {error.message}")
-                reason = "rejected" if error.rolled_back else "rollback_failed"
-                self._problem(self._server_memory[server.url], str(error), reason, repeat=True)
-                continue
-            if applied.reloaded:
-                reloads += 1
-                self.metrics.apply_seconds.labels(self.name).observe(applied.seconds)
-                logger.info(
-                    "applied %s to %s on %s in %.2fs (was %s)",
-                    applied.profile,
-                    model,
-                    server.url,
-                    applied.seconds,
-                    applied.previous_profile or "the repository configuration",
-                )
-        if failures:
-            return ServerOutcome(server.url, "failed", "; ".join(failures), reloads)
-        return ServerOutcome(server.url, "updated", "", reloads)
-
-    def _problem(
-        self, memory: _ServerMemory, message: str, reason: str, *, repeat: bool = False
-    ) -> None:
-        """Count every failure, but log a persistent one once rather than every tick."""
-        self.metrics.apply_errors.labels(self.name, reason).inc()
-        if repeat or message != memory.last_problem:
-            logger.error("%s", message)
-        memory.last_problem = message
+    def _log(self, report: TickReport) -> None:
+        for problem in report.reading.problems:
+            logger.warning("signals: %s", problem)
+        decision = report.decision
+        verb = "switch to" if decision.switched else "keep"
+        logger.info("%s %s: %s", verb, decision.profile, decision.reason)
+        for event in report.events:
+            if event.reason not in ("ProfileSwitched", "DryRunDecision"):
+                level = logging.WARNING if event.type == "Warning" else logging.INFO
+                logger.log(level, "%s: %s", event.reason, event.message)
 
 
 async def run_standalone(
@@ -284,9 +208,7 @@ async def run_standalone(
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
-        await source.close()
-        for server in triton_servers:
-            await server.close()
+        await runner.close()
         if exporter is not None:
             await exporter.cleanup()
     logger.info("stopped")

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import typing
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from batchpilot.policy import specs
+from batchpilot.applying import rollouts
+from batchpilot.policy import decisions, specs
 from batchpilot_triton import exposition
 
 PREFIX = "batchpilot"
@@ -34,17 +35,15 @@ SLO_P95_LATENCY = f"{PREFIX}_slo_p95_latency_seconds"
 QUEUE_DELAY = f"{PREFIX}_queue_delay_microseconds"
 NEXT_TRANSITION = f"{PREFIX}_next_transition_timestamp_seconds"
 
-RUNNER_APPLY_ERRORS = (
-    "unreachable",
-    "refused",
-    "rejected",
-    "rollback_failed",
-    "explicit_mode_required",
-    "model_unavailable",
-)
-"""The reasons the standalone runner counts failed applies by."""
-OPERATOR_APPLY_ERRORS = ("ApplyFailed", "RolledBack")
-"""The reasons the operator counts failed applies by (its event reasons)."""
+APPLY_ERRORS_BY = typing.get_args(rollouts.ApplyError)
+"""The reasons failed applies are counted by, the operator's and the runner's alike."""
+TARGET_STATES: dict[str, rollouts.TargetState] = {
+    "updated": "Updated",
+    "pending": "Pending",
+    "failed": "Failed",
+    "unreachable": "Unreachable",
+}
+"""The `state` label of batchpilot_targets, for each state a replica can be in."""
 
 
 @dataclass(frozen=True)
@@ -104,9 +103,7 @@ def controller_metrics(registry: CollectorRegistry | None = None) -> ControllerM
         ),
         apply_errors=Counter(
             APPLY_ERRORS,
-            "Failed applies, by reason (the runner: unreachable, refused, rejected, "
-            "rollback_failed, explicit_mode_required, model_unavailable; the operator: "
-            "ApplyFailed, RolledBack).",
+            "Failed applies, by reason: " + ", ".join(APPLY_ERRORS_BY) + ".",
             ["policy", "reason"],
             registry=registry,
         ),
@@ -151,15 +148,51 @@ def controller_metrics(registry: CollectorRegistry | None = None) -> ControllerM
     )
 
 
-def count_from_zero(
-    metrics: ControllerMetrics, policy: str, *, profiles: Iterable[str], reasons: Iterable[str]
-) -> None:
+def count_from_zero(metrics: ControllerMetrics, policy: str, *, profiles: Iterable[str]) -> None:
     """Export a policy's counters from zero: `increase()` cannot see the first increment of a
     series that appears at 1, so alerts would miss a first switch or a first failure."""
     for profile in profiles:
         metrics.switches.labels(policy, profile)
-    for reason in reasons:
+    for reason in APPLY_ERRORS_BY:
         metrics.apply_errors.labels(policy, reason)
+
+
+def record_decision(
+    metrics: ControllerMetrics,
+    policy: str,
+    spec: specs.BatchPolicySpec,
+    decision: decisions.Decision,
+    *,
+    signals: Mapping[str, float],
+    signals_missing: bool,
+) -> None:
+    """What a decision exports: the profile in force and why, its settings, what it saw."""
+    count_from_zero(metrics, policy, profiles=spec.profiles)
+    if decision.switched:
+        metrics.switches.labels(policy, decision.profile).inc()
+    metrics.decisions.labels(policy, decision.source).inc()
+    for profile in spec.profiles:
+        metrics.active_profile.labels(policy, profile).set(profile == decision.profile)
+    delay = decision.settings.dynamic_batching["max_queue_delay_microseconds"]
+    metrics.queue_delay.labels(policy).set(delay)
+    upcoming = decision.next_transition
+    metrics.next_transition.labels(policy).set(upcoming.timestamp() if upcoming else 0)
+    for metric, value in signals.items():
+        metrics.signal.labels(policy, metric).set(value)
+    metrics.signals_unavailable.labels(policy).set(signals_missing)
+    set_objective(metrics, policy, spec, decision.profile)
+    set_roles(metrics, policy, spec)
+
+
+def record_rollout(metrics: ControllerMetrics, policy: str, result: rollouts.Result) -> None:
+    """What a rollout exports: replicas by state, failures by reason, reload durations."""
+    for label, state in TARGET_STATES.items():
+        metrics.targets.labels(policy, label).set(result.count(state))
+    for outcome in result.outcomes:
+        if outcome.error is not None:
+            metrics.apply_errors.labels(policy, outcome.error).inc()
+        for applied in outcome.applied:
+            metrics.apply_seconds.labels(policy).observe(applied.seconds)
 
 
 def set_roles(metrics: ControllerMetrics, policy: str, spec: specs.BatchPolicySpec) -> None:

@@ -310,7 +310,8 @@ async def _drive(
 
 def main(*, short: bool, model: str, model_repository: Path | None) -> int:
     """`batchpilot demo`; the runner's own log lines would drown the live view."""
-    logging.getLogger("batchpilot.runner").setLevel(logging.WARNING)
+    for chatty in ("batchpilot.runner", "batchpilot.rollouts"):
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     repository = model_repository or demo_models.MODEL_REPOSITORY
     if not (repository / model / "config.pbtxt").is_file():
         raise ValueError(

@@ -17,7 +17,7 @@ from collections.abc import Collection
 from aiohttp import web
 
 from batchpilot_sidecar import collecting, gpus, recommending, statuses, telemetry
-from batchpilot_triton import exposition, servers
+from batchpilot_triton import exposition, reports, servers
 
 logger = logging.getLogger("batchpilot.sidecar")
 
@@ -40,7 +40,7 @@ def application(
             objective = statuses.parse_objective(request.query, default_objective)
         except ValueError as error:
             return web.json_response({"error": str(error)}, status=400)
-        body = statuses.document(collector, objective)
+        body = reports.as_json(statuses.document(collector, objective))
         return web.json_response(body, dumps=lambda value: json.dumps(value, indent=2))
 
     async def healthz(_: web.Request) -> web.Response:

@@ -18,10 +18,10 @@ import datetime
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from batchpilot_sidecar import collecting, gpus, recommending, steptimes
-from batchpilot_triton import __version__, modelconfigs, scraping
+from batchpilot_triton import __version__, modelconfigs, reports, scraping
 
 STALE_INTERVALS = 3
 """A source is stale once it has not been read for this many intervals."""
@@ -145,68 +145,59 @@ def parse_objective(
     query: Mapping[str, str], default: recommending.Objective | None
 ) -> recommending.Objective | None:
     """The objective a /status query asks for; parameters it leaves out come from `default`."""
-
-    def number(name: str) -> float | None:
-        text = query.get(name)
-        if text is None or text == "":
-            return None
-        try:
-            value = float(text)
-        except ValueError:
-            raise ValueError(f"{name}={text!r} is not a number") from None
-        if not math.isfinite(value):
-            raise ValueError(f"{name}={text!r} is not a finite number")
-        return value
-
-    slo, margin = number("sloP95Ms"), number("marginMs")
-    low, high = number("minDelayUs"), number("maxDelayUs")
-    if slo is None and default is None:
-        if (margin, low, high) != (None, None, None):
-            raise ValueError("marginMs, minDelayUs and maxDelayUs need sloP95Ms")
+    asked = reports.ObjectiveQuery.from_query(query)
+    if asked.slo_p95_ms is None and default is None:
+        if (asked.margin_ms, asked.min_delay_us, asked.max_delay_us) != (None, None, None):
+            raise ValueError(
+                f"{reports.MARGIN_MS}, {reports.MIN_DELAY_US} and {reports.MAX_DELAY_US} "
+                f"need {reports.SLO_P95_MS}"
+            )
         return None
-    base = default or recommending.Objective(p95_ms=slo or 1.0)
+    base = default or recommending.Objective(p95_ms=asked.slo_p95_ms or 1.0)
     return recommending.Objective(
-        p95_ms=slo if slo is not None else base.p95_ms,
-        margin_ms=margin if margin is not None else base.margin_ms,
-        min_delay_us=round(low) if low is not None else base.min_delay_us,
-        max_delay_us=round(high) if high is not None else base.max_delay_us,
+        p95_ms=asked.slo_p95_ms if asked.slo_p95_ms is not None else base.p95_ms,
+        margin_ms=asked.margin_ms if asked.margin_ms is not None else base.margin_ms,
+        min_delay_us=asked.min_delay_us if asked.min_delay_us is not None else base.min_delay_us,
+        max_delay_us=asked.max_delay_us if asked.max_delay_us is not None else base.max_delay_us,
     )
 
 
 def document(
     collector: collecting.Collector, objective: recommending.Objective | None
-) -> dict[str, Any]:
+) -> reports.StatusDocument:
     """The whole /status document."""
     now = collector.clock()
     settings = collector.settings
-    return {
-        "sidecar": {
-            "version": __version__,
-            "startedAt": _stamp(collector.started_wall),
-            "tritonUrl": collector.triton.url,
-            "metricsUrl": collector.triton.metrics_url,
-            "intervalSeconds": settings.interval,
-            "rateWindowSeconds": settings.rate_window,
-            "fitWindowSeconds": settings.fit_window,
-            "maxModels": settings.max_models,
-            "modelsTracked": len(collector.models),
-            "modelsUntracked": collector.untracked,
-            "modelsEvicted": collector.evicted,
-        },
-        "fresh": all(
+    return reports.StatusDocument(
+        sidecar=reports.SidecarInfo(
+            version=__version__,
+            started_at=_stamp(collector.started_wall),
+            triton_url=collector.triton.url,
+            metrics_url=collector.triton.metrics_url,
+            interval_seconds=settings.interval,
+            rate_window_seconds=settings.rate_window,
+            fit_window_seconds=settings.fit_window,
+            max_models=settings.max_models,
+            models_tracked=len(collector.models),
+            models_untracked=collector.untracked,
+            models_evicted=collector.evicted,
+        ),
+        fresh=all(
             not _stale(collector, source, now)
             for source in (collecting.TRITON_METRICS, collecting.TRITON_STATISTICS)
         ),
-        "sources": {
-            _camel(source): _source(collector, source, now) for source in collecting.SOURCES
-        },
-        "gpu": _gpu(collector.gpu),
-        "objective": _objective(objective),
-        "models": {
+        sources=reports.Sources(
+            triton_metrics=_source(collector, collecting.TRITON_METRICS, now),
+            triton_statistics=_source(collector, collecting.TRITON_STATISTICS, now),
+            gpu=_source(collector, collecting.GPU, now),
+        ),
+        gpu=_gpu(collector.gpu),
+        objective=_objective(objective),
+        models={
             name: _model(collector, state, now, objective)
             for name, state in sorted(collector.models.items())
         },
-    }
+    )
 
 
 def _stale(collector: collecting.Collector, source: str, now: float) -> bool:
@@ -214,54 +205,54 @@ def _stale(collector: collecting.Collector, source: str, now: float) -> bool:
     return last is None or now - last > STALE_INTERVALS * collector.settings.interval
 
 
-def _source(collector: collecting.Collector, source: str, now: float) -> dict[str, Any]:
+def _source(collector: collecting.Collector, source: str, now: float) -> reports.SourceReport:
     health = collector.health[source]
-    return {
-        "lastSuccessAt": _stamp(health.last_success_wall),
-        "ageSeconds": (
+    return reports.SourceReport(
+        last_success_at=_stamp(health.last_success_wall),
+        age_seconds=(
             _round(now - health.last_success) if health.last_success is not None else None
         ),
-        "stale": _stale(collector, source, now),
-        "error": health.last_error,
-        "successes": health.successes,
-        "failures": health.failures,
-    }
+        stale=_stale(collector, source, now),
+        error=health.last_error,
+        successes=health.successes,
+        failures=health.failures,
+    )
 
 
-def _gpu(telemetry: gpus.GpuTelemetry) -> dict[str, Any]:
-    return {
-        "status": "available" if telemetry.available else "unavailable",
-        "source": telemetry.source,
-        "reason": telemetry.reason,
-        "devices": [
-            {
-                "index": gpu.index,
-                "uuid": gpu.uuid,
-                "name": gpu.name,
-                "utilization": gpu.utilization,
-                "memoryUsedBytes": gpu.memory_used_bytes,
-                "memoryTotalBytes": gpu.memory_total_bytes,
-                "memoryFreeBytes": gpu.memory_free_bytes,
-                "powerWatts": gpu.power_watts,
-                "powerLimitWatts": gpu.power_limit_watts,
-                "smClockMhz": gpu.sm_clock_mhz,
-                "temperatureCelsius": gpu.temperature_celsius,
-                "problems": list(gpu.problems),
-            }
+def _gpu(telemetry: gpus.GpuTelemetry) -> reports.GpuReport:
+    return reports.GpuReport(
+        status="available" if telemetry.available else "unavailable",
+        source=telemetry.source,
+        reason=telemetry.reason,
+        devices=tuple(
+            reports.DeviceReport(
+                index=gpu.index,
+                uuid=gpu.uuid,
+                name=gpu.name,
+                utilization=gpu.utilization,
+                memory_used_bytes=gpu.memory_used_bytes,
+                memory_total_bytes=gpu.memory_total_bytes,
+                memory_free_bytes=gpu.memory_free_bytes,
+                power_watts=gpu.power_watts,
+                power_limit_watts=gpu.power_limit_watts,
+                sm_clock_mhz=gpu.sm_clock_mhz,
+                temperature_celsius=gpu.temperature_celsius,
+                problems=tuple(gpu.problems),
+            )
             for gpu in telemetry.gpus
-        ],
-    }
+        ),
+    )
 
 
-def _objective(objective: recommending.Objective | None) -> dict[str, Any] | None:
+def _objective(objective: recommending.Objective | None) -> reports.ObjectiveReport | None:
     if objective is None:
         return None
-    return {
-        "sloP95Ms": objective.p95_ms,
-        "marginMs": objective.effective_margin_ms,
-        "minDelayUs": objective.min_delay_us,
-        "maxDelayUs": objective.max_delay_us,
-    }
+    return reports.ObjectiveReport(
+        slo_p95_ms=objective.p95_ms,
+        margin_ms=objective.effective_margin_ms,
+        min_delay_us=objective.min_delay_us,
+        max_delay_us=objective.max_delay_us,
+    )
 
 
 def _model(
@@ -269,140 +260,140 @@ def _model(
     state: collecting.ModelState,
     now: float,
     objective: recommending.Objective | None,
-) -> dict[str, Any]:
+) -> reports.ModelReport:
     rates = state.rates(now)
     estimate = latency(rates, summaries_enabled=collector.summaries_enabled)
-    found: dict[str, Any] = {
-        "lastSeenAgoSeconds": _round(now - state.last_seen),
-        "lastActiveAgoSeconds": (
+    quantiles = {name: _round(value) for name, value in estimate.quantiles_ms.items()}
+    measured = rates is not None and rates.seconds > 0
+    counted = rates.counted if rates is not None else None
+    seconds = rates.seconds if rates is not None else 0.0
+
+    def per_second(value: float | None) -> float | None:
+        return _round(value / seconds) if measured and value is not None else None
+
+    return reports.ModelReport(
+        last_seen_ago_seconds=_round(now - state.last_seen),
+        last_active_ago_seconds=(
             _round(now - state.last_active) if state.last_active is not None else None
         ),
-        "window": _window(rates),
-        **_rates(rates),
-        "computeMsPerExecution": _round(state.compute_ms_per_execution(now)),
-        "latencyMs": {
-            **{name: _round(value) for name, value in estimate.quantiles_ms.items()},
-            "source": estimate.source,
-            "method": estimate.method,
-        },
-        "config": _config(state.config),
-        "configError": state.config_error,
-        "stepTime": _step_time(state, now),
-    }
-    recommendation = recommend(state, now=now, gpu=collector.gpu, objective=objective)
-    found["recommendation"] = _recommendation(recommendation)
-    return found
+        window=_window(rates),
+        request_rate=per_second(counted.requests if counted else None),
+        success_rate=per_second(counted.requests_succeeded if counted else None),
+        failure_rate=per_second(counted.requests_failed if counted else None),
+        inference_rate=per_second(counted.inferences if counted else None),
+        execution_rate=per_second(counted.executions if counted else None),
+        average_batch_size=_round(counted.average_batch_size) if measured and counted else None,
+        queue_ms_per_request=_round(counted.queue_ms_per_request) if measured and counted else None,
+        compute_ms_per_request=(
+            _round(counted.compute_ms_per_request) if measured and counted else None
+        ),
+        pending_requests=rates.pending if measured and rates else None,
+        compute_ms_per_execution=_round(state.compute_ms_per_execution(now)),
+        latency_ms=reports.LatencyReport(
+            p50=quantiles.get("p50"),
+            p95=quantiles.get("p95"),
+            p99=quantiles.get("p99"),
+            source=estimate.source,
+            method=estimate.method,
+        ),
+        config=_config(state.config),
+        config_error=state.config_error,
+        step_time=_step_time(state, now),
+        recommendation=_recommendation(
+            recommend(state, now=now, gpu=collector.gpu, objective=objective)
+        ),
+    )
 
 
-def _window(rates: scraping.ModelRates | None) -> dict[str, Any] | None:
+def _window(rates: scraping.ModelRates | None) -> reports.Window | None:
     if rates is None:
         return None
     counted = rates.counted
-    return {
-        "seconds": _round(rates.seconds),
-        "requestsSucceeded": counted.requests_succeeded,
-        "requestsFailed": counted.requests_failed,
-        "inferences": counted.inferences,
-        "executions": counted.executions,
-        "requestUs": counted.request_us,
-        "queueUs": counted.queue_us,
-        "computeInferUs": counted.compute_infer_us,
-        "pendingRequests": rates.pending,
-    }
+    return reports.Window(
+        seconds=_round(rates.seconds) or 0.0,
+        requests_succeeded=counted.requests_succeeded,
+        requests_failed=counted.requests_failed,
+        inferences=counted.inferences,
+        executions=counted.executions,
+        request_us=counted.request_us,
+        queue_us=counted.queue_us,
+        compute_infer_us=counted.compute_infer_us,
+        pending_requests=rates.pending,
+    )
 
 
-def _rates(rates: scraping.ModelRates | None) -> dict[str, Any]:
-    if rates is None or rates.seconds <= 0:
-        return {}
-    counted, seconds = rates.counted, rates.seconds
-    return {
-        "requestRate": _round(counted.requests / seconds),
-        "successRate": _round(counted.requests_succeeded / seconds),
-        "failureRate": _round(counted.requests_failed / seconds),
-        "inferenceRate": _round(counted.inferences / seconds),
-        "executionRate": _round(counted.executions / seconds),
-        "averageBatchSize": _round(counted.average_batch_size),
-        "queueMsPerRequest": _round(counted.queue_ms_per_request),
-        "computeMsPerRequest": _round(counted.compute_ms_per_request),
-        "pendingRequests": rates.pending,
-    }
-
-
-def _config(config: modelconfigs.ServedBatching | None) -> dict[str, Any] | None:
+def _config(config: modelconfigs.ServedBatching | None) -> reports.ConfigReport | None:
     if config is None:
         return None
-    return {
-        "maxBatchSize": config.max_batch_size,
-        "maxQueueDelayMicroseconds": config.max_queue_delay_us,
-        "preferredBatchSizes": list(config.preferred_batch_sizes),
-        "memoryPerItemBytes": config.memory_per_item_bytes,
-    }
+    return reports.ConfigReport(
+        max_batch_size=config.max_batch_size,
+        max_queue_delay_microseconds=config.max_queue_delay_us,
+        preferred_batch_sizes=config.preferred_batch_sizes,
+        memory_per_item_bytes=config.memory_per_item_bytes,
+    )
 
 
-def _step_time(state: collecting.ModelState, now: float) -> dict[str, Any]:
+def _step_time(state: collecting.ModelState, now: float) -> reports.StepTimeReport:
     fit = state.step_time
     observations = len(state.observations)
     if isinstance(fit, steptimes.NotEnoughData):
-        return {
-            "status": "insufficient",
-            "reason": fit.reason,
-            "batchSizes": list(fit.batch_sizes),
-            "observations": observations,
-            "upToDate": not state.fit_due,
-        }
-    return {
-        "status": "fitted",
-        "t0Ms": _round(fit.model.t0_ms),
-        "cMs": _round(fit.model.c_ms),
-        "alpha": _round(fit.model.alpha),
-        "rSquared": _round(fit.r_squared),
-        "rmseMs": _round(fit.rmse_ms),
-        "batchSizes": list(fit.batch_sizes),
-        "span": _round(fit.span),
-        "executions": fit.executions,
-        "outliers": list(fit.outliers),
-        "points": [
-            {"batchSize": p.batch_size, "medianMs": _round(p.median_ms), "executions": p.executions}
+        return reports.StepTimeReport(
+            status="insufficient",
+            reason=fit.reason,
+            batch_sizes=tuple(fit.batch_sizes),
+            observations=observations,
+            up_to_date=not state.fit_due,
+        )
+    return reports.StepTimeReport(
+        status="fitted",
+        t0_ms=_round(fit.model.t0_ms),
+        c_ms=_round(fit.model.c_ms),
+        alpha=_round(fit.model.alpha),
+        r_squared=_round(fit.r_squared),
+        rmse_ms=_round(fit.rmse_ms),
+        batch_sizes=tuple(fit.batch_sizes),
+        span=_round(fit.span),
+        executions=fit.executions,
+        outliers=tuple(fit.outliers),
+        points=tuple(
+            reports.FitPoint(
+                batch_size=p.batch_size, median_ms=_round(p.median_ms), executions=p.executions
+            )
             for p in fit.points
-        ],
-        "observations": observations,
-        "upToDate": not state.fit_due,
-        "fittedAgoSeconds": _round(now - state.fitted_at) if state.fitted_at is not None else None,
-    }
+        ),
+        observations=observations,
+        up_to_date=not state.fit_due,
+        fitted_ago_seconds=(_round(now - state.fitted_at) if state.fitted_at is not None else None),
+    )
 
 
-def _recommendation(recommendation: Recommendation | str) -> dict[str, Any]:
+def _recommendation(recommendation: Recommendation | str) -> reports.RecommendationReport:
     if isinstance(recommendation, str):
-        return {"status": "unavailable", "reason": recommendation}
+        return reports.RecommendationReport(status="unavailable", reason=recommendation)
     preferred = recommendation.preferred
     delay = recommendation.delay
-    return {
-        "status": "ok",
-        "arrivalRate": _round(recommendation.arrival_rate),
-        "preferredBatchSize": preferred.size if preferred else None,
-        "preferredBatchReason": preferred.reason if preferred else None,
-        "knee": _round(preferred.knee) if preferred else None,
-        "memoryCapBatchSize": recommendation.memory_cap,
-        "memoryCapReason": recommendation.memory_cap_reason,
-        "queueDelay": (
-            {
-                "status": "ok",
-                "microseconds": delay.delay_us,
-                "expectedBatchSize": _round(delay.expected_batch),
-                "stepMs": _round(delay.step_ms),
-                "marginMs": _round(delay.margin_ms),
-                "meetsObjective": delay.meets_objective,
-                "reason": delay.reason,
-            }
+    return reports.RecommendationReport(
+        status="ok",
+        arrival_rate=_round(recommendation.arrival_rate),
+        preferred_batch_size=preferred.size if preferred else None,
+        preferred_batch_reason=preferred.reason if preferred else None,
+        knee=_round(preferred.knee) if preferred else None,
+        memory_cap_batch_size=recommendation.memory_cap,
+        memory_cap_reason=recommendation.memory_cap_reason,
+        queue_delay=(
+            reports.QueueDelayReport(
+                status="ok",
+                microseconds=delay.delay_us,
+                expected_batch_size=_round(delay.expected_batch),
+                step_ms=_round(delay.step_ms),
+                margin_ms=_round(delay.margin_ms),
+                meets_objective=delay.meets_objective,
+                reason=delay.reason,
+            )
             if delay is not None
-            else {"status": "unavailable", "reason": recommendation.delay_reason}
+            else reports.QueueDelayReport(status="unavailable", reason=recommendation.delay_reason)
         ),
-    }
-
-
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(part.title() for part in rest)
+    )
 
 
 def _stamp(wall: float | None) -> str | None:

@@ -6,8 +6,6 @@ sidecar's `--listen`, the chart and the test fleets all take theirs from these n
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
-
 TRITON_HTTP_PORT = 8000
 TRITON_GRPC_PORT = 8001
 TRITON_METRICS_PORT = 8002
@@ -28,17 +26,3 @@ def parse_listen(text: str, *, option: str = "--listen", example: str = "") -> t
         raise ValueError(f"{option} {text!r}: expected HOST:PORT{hint}")
     return host.strip("[]") or EVERY_ADDRESS, int(port)
 
-
-def host_port(url: str) -> str:
-    """`host:port` of an HTTP endpoint given with or without a scheme (tritonclient's form)."""
-    parts = urlsplit(url if "://" in url else f"http://{url}")
-    if not parts.hostname or not parts.port:
-        raise ValueError(f"Triton URL {url!r} needs a host and a port, e.g. http://10.0.0.5:8000")
-    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-    return f"{host}:{parts.port}"
-
-
-def default_metrics_url(url: str, port: int = TRITON_METRICS_PORT) -> str:
-    """Triton's metrics endpoint on the same host as its HTTP endpoint, on its default port."""
-    host = host_port(url).rsplit(":", 1)[0]
-    return f"http://{host}:{port}/metrics"

@@ -10,6 +10,7 @@ import asyncio
 import json
 import types
 from typing import Any, Self
+from urllib.parse import urlsplit
 
 import aiohttp
 import tritonclient.http.aio as triton_http
@@ -47,6 +48,21 @@ class LoadRejected(TritonError):
     """The server could not load the model with the given configuration."""
 
 
+def host_port(url: str) -> str:
+    """`host:port` of an HTTP endpoint given with or without a scheme (tritonclient's form)."""
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    if not parts.hostname or not parts.port:
+        raise ValueError(f"Triton URL {url!r} needs a host and a port, e.g. http://10.0.0.5:8000")
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"{host}:{parts.port}"
+
+
+def default_metrics_url(url: str, port: int = endpoints.TRITON_METRICS_PORT) -> str:
+    """Triton's metrics endpoint on the same host as its HTTP endpoint, on its default port."""
+    host = host_port(url).rsplit(":", 1)[0]
+    return f"http://{host}:{port}/metrics"
+
+
 class TritonServer:
     """One Triton server, addressed by its HTTP endpoint. Use as an async context manager."""
 
@@ -58,9 +74,9 @@ class TritonServer:
         request_timeout: float = 5.0,
         load_timeout: float = 300.0,
     ) -> None:
-        self.address = endpoints.host_port(url)
+        self.address = host_port(url)
         self.url = f"http://{self.address}"
-        self.metrics_url = metrics_url or endpoints.default_metrics_url(url)
+        self.metrics_url = metrics_url or default_metrics_url(url)
         self.request_timeout = request_timeout
         self.load_timeout = load_timeout
         self._client: triton_http.InferenceServerClient | None = None

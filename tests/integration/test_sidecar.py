@@ -255,9 +255,7 @@ def runner_for(
 
 
 async def close(runner: running.Runner) -> None:
-    await runner.source.close()
-    for triton in runner.servers:
-        await triton.close()
+    await runner.close()
 
 
 def delay_of(report: running.TickReport) -> int:
@@ -273,7 +271,7 @@ async def test_the_recommended_delay_meets_the_slo_where_static_bulk_does_not(
     tuned_runner = runner_for(server, calibration.sidecar_url, policy(autotune=True))
     try:
         static_report = await static_runner.tick()
-        assert static_report.outcomes[0].state == "updated"
+        assert static_report.outcomes[0].state == "Updated"
         assert delay_of(static_report) == 100_000
         static = await steady_load(server, MEASURE_SECONDS)
 

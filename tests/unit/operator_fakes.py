@@ -10,23 +10,21 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from batchpilot.applying import actuators, overrides
-from batchpilot.kube.pods import Target
+from batchpilot.applying import actuators, backoffs, overrides
+from batchpilot.applying.replicas import Replica
 from batchpilot.policy import rendering, specs
 from batchpilot_triton import servers
 
 
-def target(name: str, *, gated: bool = False, gate: str | None = None, ip: str = "") -> Target:
+def target(name: str, *, gated: bool = False, gate: str | None = None, ip: str = "") -> Replica:
+    """A Pod's replica, as the operator finds it."""
     number = int(name.rsplit("-", 1)[-1]) if name[-1].isdigit() else 0
-    return Target(
+    return Replica(
         name=name,
-        uid=f"uid-{name}",
-        ip=ip or f"10.88.0.{number + 1}",
-        http_port=8000,
-        sidecar_port=None,
-        ready=not gated or gate == "True",
+        http_url=f"http://{ip or f'10.88.0.{number + 1}'}:8000",
         gated=gated,
         gate=gate,
+        kind="pod",
     )
 
 
@@ -48,11 +46,15 @@ class FakeFleet:
         self.in_flight = 0
         self.most_in_flight = 0
         self.apply_seconds = 0.0
-        self.kept: list[list[str]] = []
-        """The servers each forget_all_but call left open."""
+        self.backing_off = False
+        """Unreachable servers answer as the real fleet's do while backing off."""
+        self.held: dict[object, list[str]] = {}
+        """The servers each holder (policy) governs, as last told."""
 
     def _server(self, url: str) -> FakeServer:
         server = self.servers[url]
+        if server.unreachable and self.backing_off:
+            raise backoffs.BackingOff(url, "connection refused", retry_in=4.0)
         if server.unreachable:
             raise servers.Unreachable(url, "connection refused")
         return server
@@ -99,8 +101,14 @@ class FakeFleet:
     def server(self, url: str) -> servers.TritonServer:
         return servers.TritonServer(url)
 
-    async def forget_all_but(self, urls: Sequence[str]) -> None:
-        self.kept.append(sorted(urls))
+    async def hold(self, holder: object, urls: Sequence[str]) -> None:
+        self.held[holder] = sorted(urls)
+
+    async def release(self, holder: object) -> None:
+        self.held.pop(holder, None)
+
+    async def close(self) -> None:
+        self.held.clear()
 
 
 class FakeGates:
@@ -117,11 +125,11 @@ class FakeGates:
 
 
 class FakePods:
-    def __init__(self, targets: list[Target], skipped: list[str] | None = None) -> None:
+    def __init__(self, targets: list[Replica], skipped: list[str] | None = None) -> None:
         self.found = targets
         self.skipped = skipped or []
 
-    async def targets(
+    async def replicas(
         self, namespace: str, target_spec: specs.Target
-    ) -> tuple[list[Target], list[str]]:
+    ) -> tuple[list[Replica], list[str]]:
         return list(self.found), list(self.skipped)

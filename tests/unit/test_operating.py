@@ -10,9 +10,9 @@ from typing import Any
 import operator_fakes
 import pytest
 
-from batchpilot import operating, reconciling, telemetry
+from batchpilot import operating, reconciling, reporting, telemetry
 from batchpilot.applying import fleets
-from batchpilot.kube.pods import Target
+from batchpilot.applying.replicas import Replica
 from batchpilot.policy import specs
 from batchpilot.signals import prometheus, sidecars, sources
 from batchpilot_harness import local_triton
@@ -24,26 +24,27 @@ START = datetime.datetime(2026, 11, 24, 15, tzinfo=datetime.UTC)
 class ScriptedReconciler:
     """Returns prepared outcomes and notes the loop time of every call."""
 
-    def __init__(self, wake_after: float | None = None, fail_first: bool = False) -> None:
+    def __init__(self, wake_after: float | None = None, failures: int = 0) -> None:
         self.calls: list[float] = []
         self.forgotten: list[tuple[str, str]] = []
         self.wake_after = wake_after
-        self.fail_first = fail_first
+        self.failures = failures
 
-    def forget_policy(self, namespace: str, name: str) -> None:
+    async def forget_policy(self, namespace: str, name: str) -> None:
         self.forgotten.append((namespace, name))
 
     async def reconcile(self, **_: Any) -> reconciling.Reconciled:
         now = asyncio.get_running_loop().time()
         self.calls.append(now)
-        if self.fail_first and len(self.calls) == 1:
+        if len(self.calls) <= self.failures:
             raise RuntimeError("the API server went away")
         wake = (
             START + datetime.timedelta(seconds=now + self.wake_after) if self.wake_after else None
         )
         return reconciling.Reconciled(
+            at=START,
             status={"activeProfile": "bulk"},
-            events=(reconciling.Event("Normal", "ProfileSwitched", "x"),)
+            events=(reporting.Event("Normal", "ProfileSwitched", "x"),)
             if len(self.calls) == 1
             else (),
             wake_at=wake,
@@ -58,7 +59,7 @@ class Recorder:
     async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         self.statuses.append(status)
 
-    def post(self, body: Any, event: reconciling.Event) -> None:
+    def post(self, body: Any, event: reporting.Event) -> None:
         self.events.append(event.reason)
 
 
@@ -133,10 +134,10 @@ async def test_a_poke_wakes_the_loop_at_once() -> None:
 
 
 @pytest.mark.looptime
-async def test_a_failing_reconcile_backs_off_and_the_loop_goes_on() -> None:
-    reconciler = ScriptedReconciler(fail_first=True)
-    await run_for(controller(reconciler, Recorder(), interval=30), 6)
-    assert reconciler.calls == pytest.approx([0, operating.ERROR_BACKOFF_SECONDS])
+async def test_a_failing_reconcile_backs_off_exponentially_and_the_loop_goes_on() -> None:
+    reconciler = ScriptedReconciler(failures=3)
+    await run_for(controller(reconciler, Recorder(), interval=30), 10)
+    assert reconciler.calls == pytest.approx([0, 1, 3, 7])
 
 
 def test_pod_changes_poke_only_the_policies_that_select_the_pod() -> None:
@@ -188,9 +189,10 @@ def test_selector_semantics(
     assert operating.selects(selector, labels) is selected
 
 
-def sidecar_target(name: str, sidecar_port: int | None) -> Target:
+def sidecar_target(name: str, sidecar_port: int | None) -> Replica:
     return dataclasses.replace(
-        operator_fakes.target(name, ip="127.0.0.1"), sidecar_port=sidecar_port
+        operator_fakes.target(name, ip="127.0.0.1"),
+        sidecar_url=f"http://127.0.0.1:{sidecar_port}" if sidecar_port else None,
     )
 
 

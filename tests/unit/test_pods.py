@@ -1,4 +1,4 @@
-"""Target Pods from the API's JSON: endpoints, named ports, the readiness gate."""
+"""Replicas from the API's Pods: endpoints, named ports, the readiness gate."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def target_spec(**fields: Any) -> specs.Target:
 
 
 def test_named_ports_resolve_and_pods_without_ip_or_running_are_skipped() -> None:
-    found, skipped = pods.targets_from_pods(
+    found, skipped = pods.replicas_from_pods(
         [
             pod("b"),
             pod("a"),
@@ -51,19 +51,20 @@ def test_named_ports_resolve_and_pods_without_ip_or_running_are_skipped() -> Non
 
 
 def test_a_missing_named_port_is_reported() -> None:
-    found, skipped = pods.targets_from_pods([pod("a")], target_spec(port="grpc"))
+    found, skipped = pods.replicas_from_pods([pod("a")], target_spec(port="grpc"))
     assert found == []
     assert skipped == ["a: no container port named 'grpc'"]
 
 
-def test_gate_and_readiness_are_read_from_the_pod() -> None:
+def test_the_gate_is_read_from_the_pod() -> None:
     gated = pod(
         "g",
         gates=[{"conditionType": pods.GATE}],
         conditions=[{"type": pods.GATE, "status": "False"}, {"type": "Ready", "status": "False"}],
     )
-    (found,), _ = pods.targets_from_pods([gated], target_spec())
-    assert (found.gated, found.gate, found.ready, found.http_port) == (True, "False", False, 8000)
+    (found,), _ = pods.replicas_from_pods([gated], target_spec())
+    assert (found.gated, found.gate, found.http_url) == (True, "False", "http://10.88.0.7:8000")
+    assert found.title == "pod g"
 
 
 def test_selector_string_speaks_the_api_query_syntax() -> None:

@@ -9,7 +9,7 @@ import pytest
 from operator_fakes import FakeFleet, FakeGates, FakePods, FakeServer, target
 
 from batchpilot import reconciling, telemetry
-from batchpilot.kube.pods import Target
+from batchpilot.applying.replicas import Replica
 from batchpilot.policy import decisions, specs
 from batchpilot.signals import sources
 from builders import spec_document, utc
@@ -31,14 +31,14 @@ class FixedSignals:
 
 
 def reconciler(
-    targets: list[Target],
+    targets: list[Replica],
     fleet: FakeFleet,
     gates: FakeGates | None = None,
     signals: FixedSignals | None = None,
     now: datetime.datetime = NOW,
 ) -> reconciling.Reconciler:
     return reconciling.Reconciler(
-        pods=FakePods(targets),
+        replicas=FakePods(targets),
         gates=gates or FakeGates(),
         fleet=fleet,
         signal_source=lambda namespace, policy, found: signals or FixedSignals({}),
@@ -73,7 +73,7 @@ def conditions(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
     return {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
 
 
-def two_servers(**server: Any) -> tuple[list[Target], FakeFleet]:
+def two_servers(**server: Any) -> tuple[list[Replica], FakeFleet]:
     targets = [target("triton-0"), target("triton-1")]
     return targets, FakeFleet({t.http_url: FakeServer(**server) for t in targets})
 
@@ -176,7 +176,7 @@ async def test_counters_are_exported_from_zero_so_rates_see_the_first_event() ->
     subject = reconciler(targets, fleet)
     await reconcile(subject, spec_document())
     registry = subject.metrics.registry
-    for reason in ("ApplyFailed", "RolledBack"):
+    for reason in telemetry.APPLY_ERRORS_BY:
         labels = {"policy": "fleet", "reason": reason}
         assert registry.get_sample_value("batchpilot_apply_errors_total", labels) == 0
     labels = {"policy": "fleet", "profile": "interactive"}
@@ -246,52 +246,14 @@ async def test_failed_target_is_degraded_and_reported_once() -> None:
     assert second.events == ()
 
 
-class PodsByLabel:
-    """Each policy selects the Pod named by its selector's `pod` label."""
-
-    def __init__(self, targets: list[Target]) -> None:
-        self.by_name = {found.name: found for found in targets}
-
-    async def targets(
-        self, namespace: str, target_spec: specs.Target
-    ) -> tuple[list[Target], list[str]]:
-        return [self.by_name[target_spec.selector.match_labels["pod"]]], []
-
-
 @pytest.mark.looptime
-async def test_policies_sharing_the_fleet_keep_each_others_server_clients() -> None:
+async def test_each_policy_holds_the_servers_it_governs_until_it_is_forgotten() -> None:
     targets, fleet = two_servers()
-    subject = reconciling.Reconciler(
-        pods=PodsByLabel(targets),
-        gates=FakeGates(),
-        fleet=fleet,
-        signal_source=lambda namespace, policy, found: FixedSignals({}),
-        metrics=telemetry.controller_metrics(),
-        clock=lambda: NOW,
-        settle_seconds=0,
-    )
-    urls = [found.http_url for found in targets]
-    for name, pod in (("a", "triton-0"), ("b", "triton-1")):
-        document = spec_document(target={"selector": {"matchLabels": {"pod": pod}}})
-        await subject.reconcile(
-            namespace="ns",
-            name=name,
-            spec=document,
-            status={},
-            generation=1,
-            state=reconciling.PolicyMemory(),
-        )
-    assert fleet.kept == [[urls[0]], sorted(urls)]
-    subject.forget_policy("ns", "a")
-    await subject.reconcile(
-        namespace="ns",
-        name="b",
-        spec=spec_document(target={"selector": {"matchLabels": {"pod": "triton-1"}}}),
-        status={},
-        generation=1,
-        state=reconciling.PolicyMemory(),
-    )
-    assert fleet.kept[-1] == [urls[1]]
+    subject = reconciler(targets, fleet)
+    await reconcile(subject, spec_document())
+    assert fleet.held == {("ns", "fleet"): sorted(t.http_url for t in targets)}
+    await subject.forget_policy("ns", "fleet")
+    assert fleet.held == {}
 
 
 def test_spec_model_is_what_reconcile_parses() -> None:

@@ -1,49 +1,58 @@
-"""Rolling a profile out: waves, hitless switching through the gate, failures and the halt."""
+"""Rolling a profile out: the survey, waves, hitless switching through the gate, failures and
+the halt, and the one mapping from what went wrong to the reason it is reported by."""
 
 from __future__ import annotations
 
 import pytest
 from operator_fakes import FakeFleet, FakeGates, FakeServer, target
 
-from batchpilot.applying import actuators, rollouts
+from batchpilot.applying import actuators, backoffs, overrides, rollouts
+from batchpilot.applying.replicas import Replica
 from batchpilot.policy import rendering, specs
+from batchpilot_triton import servers
 
 PROFILE = specs.Profile.model_validate({"maxQueueDelayMicroseconds": 2000})
 
 
-def plan(targets: list[object], **rollout: object) -> rollouts.Plan:
+def plan(**rollout: object) -> rollouts.Plan:
     return rollouts.Plan(
         namespace="ns",
         profile="interactive",
         settings=rendering.render(PROFILE),
-        models={t.http_url: ["gpu_sim"] for t in targets},  # type: ignore[attr-defined]
         rollout=specs.Rollout.model_validate(rollout),
         settle_seconds=0.5,
     )
 
 
-def fleet_for(targets: list[object], **server: object) -> FakeFleet:
-    return FakeFleet({t.http_url: FakeServer(**server) for t in targets})  # type: ignore[attr-defined,arg-type]
+def fleet_for(replicas: list[Replica], **server: object) -> FakeFleet:
+    return FakeFleet({r.http_url: FakeServer(**server) for r in replicas})  # type: ignore[arg-type]
+
+
+async def roll_out(
+    replicas: list[Replica], fleet: FakeFleet, gates: FakeGates | None = None, **rollout: object
+) -> rollouts.Result:
+    found = await rollouts.survey(replicas, ["gpu_sim"], fleet)
+    return await rollouts.roll_out(replicas, found, plan(**rollout), fleet, gates or FakeGates())
 
 
 @pytest.mark.looptime
 async def test_replicas_already_running_the_profile_are_left_alone() -> None:
-    targets = [target("triton-0"), target("triton-1")]
-    fleet = fleet_for(targets, profile="interactive")
-    result = await rollouts.roll_out(targets, plan(targets), fleet, FakeGates())
+    replicas = [target("triton-0"), target("triton-1")]
+    fleet = fleet_for(replicas, profile="interactive")
+    result = await roll_out(replicas, fleet)
     assert [o.state for o in result.outcomes] == ["Updated", "Updated"]
     assert fleet.calls == []
 
 
 @pytest.mark.looptime
 async def test_waves_never_exceed_max_unavailable() -> None:
-    targets = [target(f"triton-{i}") for i in range(5)]
-    fleet = fleet_for(targets)
+    replicas = [target(f"triton-{i}") for i in range(5)]
+    fleet = fleet_for(replicas)
     fleet.apply_seconds = 1.0
-    result = await rollouts.roll_out(targets, plan(targets, maxUnavailable=2), fleet, FakeGates())
+    result = await roll_out(replicas, fleet, maxUnavailable=2)
     assert result.count("Updated") == 5
     assert fleet.most_in_flight == 2
-    assert sum(o.reloads for o in result.outcomes) == 5
+    assert result.reloads == 5
 
 
 @pytest.mark.looptime
@@ -51,7 +60,7 @@ async def test_gated_replica_leaves_service_drains_applies_and_returns() -> None
     gated = target("triton-0", gated=True, gate="True")
     fleet = fleet_for([gated], pending=[3, 1, 0])
     gates = FakeGates(fleet)
-    result = await rollouts.roll_out([gated], plan([gated]), fleet, gates)
+    result = await roll_out([gated], fleet, gates)
     assert result.outcomes[0].state == "Updated"
     assert [call for call, _ in fleet.calls] == [
         "gate-close",
@@ -69,9 +78,7 @@ async def test_gated_replica_leaves_service_drains_applies_and_returns() -> None
 async def test_drain_is_bounded_by_its_timeout() -> None:
     gated = target("triton-0", gated=True, gate="True")
     fleet = fleet_for([gated], pending=[5.0] * 10_000)
-    result = await rollouts.roll_out(
-        [gated], plan([gated], drainTimeoutSeconds=3), fleet, FakeGates(fleet)
-    )
+    result = await roll_out([gated], fleet, FakeGates(fleet), drainTimeoutSeconds=3)
     assert result.outcomes[0].state == "Updated"
     assert 3 <= result.seconds < 3.5
 
@@ -82,23 +89,23 @@ async def test_up_to_date_replica_with_a_closed_gate_gets_it_opened() -> None:
     stuck = target("triton-0", gated=True, gate="False")
     fleet = fleet_for([stuck], profile="interactive")
     gates = FakeGates()
-    result = await rollouts.roll_out([stuck], plan([stuck]), fleet, gates)
+    result = await roll_out([stuck], fleet, gates)
     assert result.outcomes[0].state == "Updated"
     assert gates.changes == [("triton-0", True, "ConfigApplied")]
 
 
 @pytest.mark.looptime
 async def test_failed_replica_is_rolled_back_reopened_and_the_rollout_halts() -> None:
-    targets = [target(f"triton-{i}", gated=True, gate="True") for i in range(4)]
-    fleet = fleet_for(targets)
-    fleet.servers[targets[0].http_url].fail_with = actuators.ApplyFailed(
-        targets[0].http_url, "load rejected", rolled_back=True
+    replicas = [target(f"triton-{i}", gated=True, gate="True") for i in range(4)]
+    fleet = fleet_for(replicas)
+    fleet.servers[replicas[0].http_url].fail_with = actuators.ApplyFailed(
+        replicas[0].http_url, "load rejected", rolled_back=True
     )
     gates = FakeGates()
-    result = await rollouts.roll_out(targets, plan(targets, maxUnavailable=1), fleet, gates)
+    result = await roll_out(replicas, fleet, gates, maxUnavailable=1)
     assert [o.state for o in result.outcomes] == ["Failed", "Pending", "Pending", "Pending"]
     assert result.halted
-    assert result.outcomes[0].rolled_back
+    assert result.outcomes[0].error == "rejected"
     assert "previous configuration restored" in result.outcomes[0].message
     assert "rollout halted after 1 failures" in result.outcomes[1].message
     assert ("triton-0", True, "RolledBack") in gates.changes
@@ -107,19 +114,78 @@ async def test_failed_replica_is_rolled_back_reopened_and_the_rollout_halts() ->
 
 @pytest.mark.looptime
 async def test_failures_below_max_unavailable_do_not_stop_the_rollout() -> None:
-    targets = [target(f"triton-{i}") for i in range(4)]
-    fleet = fleet_for(targets)
-    fleet.servers[targets[1].http_url].unreachable = True
-    result = await rollouts.roll_out(targets, plan(targets, maxUnavailable=2), fleet, FakeGates())
-    assert [o.state for o in result.outcomes] == ["Updated", "Unreachable", "Updated", "Updated"]
+    replicas = [target(f"triton-{i}") for i in range(4)]
+    fleet = fleet_for(replicas)
+    fleet.servers[replicas[1].http_url].fail_with = servers.LoadRejected(replicas[1].http_url, "no")
+    result = await roll_out(replicas, fleet, maxUnavailable=2)
+    assert [o.state for o in result.outcomes] == ["Updated", "Failed", "Updated", "Updated"]
     assert not result.halted
 
 
 @pytest.mark.looptime
+async def test_a_replica_that_does_not_answer_is_skipped_and_holds_up_no_other() -> None:
+    replicas = [target(f"triton-{i}") for i in range(3)]
+    fleet = fleet_for(replicas)
+    fleet.servers[replicas[0].http_url].unreachable = True
+    result = await roll_out(replicas, fleet, maxUnavailable=1)
+    assert [o.state for o in result.outcomes] == ["Unreachable", "Updated", "Updated"]
+    assert result.outcomes[0].error == "unreachable"
+    assert not result.halted
+
+
+@pytest.mark.looptime
+async def test_a_replica_backing_off_is_reported_but_its_failure_is_not_counted_again() -> None:
+    replicas = [target("triton-0")]
+    fleet = fleet_for(replicas)
+    fleet.servers[replicas[0].http_url].unreachable = True
+    fleet.backing_off = True
+    result = await roll_out(replicas, fleet)
+    assert result.outcomes[0].state == "Unreachable"
+    assert result.outcomes[0].message == "connection refused"
+    assert result.outcomes[0].error is None
+
+
+@pytest.mark.looptime
 async def test_refused_profile_is_a_failure_that_changes_nothing() -> None:
-    targets = [target("triton-0")]
-    fleet = fleet_for(targets, refuse="maxBatchSize 256 is above model 'gpu_sim''s own 128")
-    result = await rollouts.roll_out(targets, plan(targets), fleet, FakeGates())
+    replicas = [target("triton-0")]
+    fleet = fleet_for(replicas, refuse="maxBatchSize 256 is above model 'gpu_sim''s own 128")
+    result = await roll_out(replicas, fleet)
     assert result.outcomes[0].state == "Failed"
+    assert result.outcomes[0].error == "refused"
     assert "maxBatchSize 256" in result.outcomes[0].message
-    assert ("apply", targets[0].http_url) not in fleet.calls
+    assert ("apply", replicas[0].http_url) not in fleet.calls
+
+
+async def test_the_survey_names_every_model_a_replica_lacks() -> None:
+    replicas = [target("triton-0"), target("triton-1")]
+    fleet = fleet_for(replicas)
+    fleet.servers[replicas[1].http_url].models = ["torch_mlp"]
+    found = await rollouts.survey(replicas, ["gpu_sim"], fleet)
+    assert found.missing == (
+        "spec.target.models: 'gpu_sim' not loaded on pod triton-1 (it has: torch_mlp)",
+    )
+
+
+async def test_the_survey_governs_every_loaded_model_when_the_policy_names_none() -> None:
+    replicas = [target("triton-0")]
+    fleet = fleet_for(replicas, models=["a", "b"])
+    found = await rollouts.survey(replicas, [], fleet)
+    assert found.models == {replicas[0].http_url: ["a", "b"]}
+    assert found.missing == ()
+
+
+@pytest.mark.parametrize(
+    ("failure", "reason"),
+    [
+        (overrides.ProfileRefused("too big"), "refused"),
+        (actuators.ApplyFailed("u", "bad", rolled_back=True), "rejected"),
+        (actuators.ApplyFailed("u", "bad", rolled_back=False), "rollback_failed"),
+        (servers.Unreachable("u", "refused"), "unreachable"),
+        (backoffs.BackingOff("u", "refused", retry_in=2), "unreachable"),
+        (servers.ExplicitModeRequired("u", "no"), "explicit_mode_required"),
+        (servers.ModelUnavailable("u", "gone"), "model_unavailable"),
+        (servers.LoadRejected("u", "bad"), "failed"),
+    ],
+)
+def test_every_failure_maps_to_one_reason(failure: Exception, reason: str) -> None:
+    assert rollouts.error_of(failure) == reason

@@ -1,22 +1,37 @@
-"""A fleet of Triton servers addressed by URL, with one client each, kept across ticks."""
+"""A fleet of Triton servers addressed by URL: one client each, kept across ticks and shared by
+every policy, closed once no policy governs its server, and left alone for a while after it
+stopped answering (exponential backoff), so a dead replica costs neither a timeout per tick nor
+anyone else's rollout."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Collection, Hashable, Sequence
+from typing import TypeVar
 
-from batchpilot.applying import actuators, overrides
+from batchpilot.applying import actuators, backoffs, overrides
 from batchpilot.policy import rendering
 from batchpilot_triton import scraping, servers
+
+Answer = TypeVar("Answer")
 
 
 class TritonFleet:
     """What the rollout needs from each Triton server, over its HTTP and metrics endpoints."""
 
-    def __init__(self, *, request_timeout: float = 5.0, load_timeout: float = 300.0) -> None:
+    def __init__(
+        self,
+        *,
+        request_timeout: float = 5.0,
+        load_timeout: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._servers: dict[str, servers.TritonServer] = {}
         self._request_timeout = request_timeout
         self._load_timeout = load_timeout
+        self._clock = clock
+        self._backoffs: dict[str, tuple[backoffs.Backoff, str]] = {}
+        self._holders: dict[Hashable, frozenset[str]] = {}
 
     def server(self, url: str) -> servers.TritonServer:
         if url not in self._servers:
@@ -25,31 +40,66 @@ class TritonFleet:
             )
         return self._servers[url]
 
-    async def forget_all_but(self, urls: Sequence[str]) -> None:
-        """Close the clients of servers that are gone (a replaced Pod has a new IP)."""
-        for url in set(self._servers) - set(urls):
-            # Reconciles of several policies forget concurrently; the first one closes it.
+    def adopt(self, server: servers.TritonServer) -> None:
+        """Use this client for its URL (the runner's servers carry their own metrics URLs)."""
+        self._servers[server.url] = server
+
+    async def hold(self, holder: Hashable, urls: Collection[str]) -> None:
+        """`holder` (a policy) governs these servers now: clients nobody holds are closed."""
+        self._holders[holder] = frozenset(urls)
+        await self._close_unheld()
+
+    async def release(self, holder: Hashable) -> None:
+        """`holder` is gone: it keeps no client open any more."""
+        self._holders.pop(holder, None)
+        await self._close_unheld()
+
+    async def close(self) -> None:
+        self._holders.clear()
+        await self._close_unheld()
+
+    async def _close_unheld(self) -> None:
+        held = frozenset().union(*self._holders.values())
+        for url in set(self._servers) - held:
+            # Several policies may release at once; the first one closes the client.
             server = self._servers.pop(url, None)
+            self._backoffs.pop(url, None)
             if server is not None:
                 await server.close()
 
-    async def close(self) -> None:
-        await self.forget_all_but(())
+    async def _ask(
+        self, url: str, question: Callable[[servers.TritonServer], Awaitable[Answer]]
+    ) -> Answer:
+        """Ask a server, unless it is backing off; an unreachable one starts backing off."""
+        if url in self._backoffs:
+            backoff, message = self._backoffs[url]
+            waiting = backoff.waiting(self._clock())
+            if waiting > 0:
+                raise backoffs.BackingOff(url, message, retry_in=waiting)
+        try:
+            answer = await question(self.server(url))
+        except servers.Unreachable as error:
+            backoff = self._backoffs.get(url, (backoffs.Backoff(), ""))[0]
+            backoff.failed(self._clock())
+            self._backoffs[url] = (backoff, error.message)
+            raise
+        self._backoffs.pop(url, None)
+        return answer
 
     async def loaded_models(self, url: str) -> list[str]:
-        return await self.server(url).loaded_models()
+        return await self._ask(url, lambda server: server.loaded_models())
 
     async def runs(
         self, url: str, model: str, settings: rendering.Settings, *, profile: str
     ) -> bool:
         """Whether the model already runs the profile (raises ProfileRefused if it cannot)."""
-        served = await self.server(url).model_config(model)
+        served = await self._ask(url, lambda server: server.model_config(model))
         wanted = overrides.merge(served, settings, profile=profile, model=model)
         return overrides.matches(served, wanted)
 
     async def pending_requests(self, url: str, models: Sequence[str]) -> float:
-        page = await self.server(url).metrics_text()
-        snapshot = scraping.parse(page, taken_at=time.monotonic())
+        page = await self._ask(url, lambda server: server.metrics_text())
+        snapshot = scraping.parse(page, taken_at=self._clock())
         return sum(snapshot.pending(model) for model in models)
 
     async def apply(
@@ -62,11 +112,14 @@ class TritonFleet:
         unload_first: bool,
         verify_timeout: float,
     ) -> actuators.Applied:
-        return await actuators.apply_profile(
-            self.server(url),
-            model,
-            settings,
-            profile=profile,
-            unload_first=unload_first,
-            verify_timeout=verify_timeout,
+        return await self._ask(
+            url,
+            lambda server: actuators.apply_profile(
+                server,
+                model,
+                settings,
+                profile=profile,
+                unload_first=unload_first,
+                verify_timeout=verify_timeout,
+            ),
         )

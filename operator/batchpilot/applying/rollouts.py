@@ -1,33 +1,71 @@
 """Rolling a profile out over the replicas of a policy, a few at a time, without failing requests.
 
-Replicas already running the profile are left alone. The others are switched in waves of
-`rollout.maxUnavailable`. A replica whose Pod carries the `batchpilot.dev/config-applied`
-readiness gate is switched hitlessly: the gate goes False (the Pod leaves its Services), the
-operator waits for the endpoint change to spread and the replica's queued requests to drain,
-applies, verifies, and sets the gate True again. A replica without the gate is switched in
-place: its requests stall for the length of the reload. A replica that fails is rolled back by
-the actuator and reported; once `maxUnavailable` replicas have failed, the rollout stops and
-the rest keep their current profile until the next attempt.
+This is the one apply path: the operator and the standalone runner both come here, the runner
+with replicas that carry no readiness gate.
+
+First the replicas are surveyed: which models each one serves (the policy's, or all it loaded),
+which do not answer, and which lack a model the policy names (a spec problem: nothing is
+applied anywhere). Replicas already running the profile are left alone. The others are switched
+in waves of `rollout.maxUnavailable`. A replica whose Pod carries the
+`batchpilot.dev/config-applied` readiness gate is switched hitlessly: the gate goes False (the
+Pod leaves its Services), the rollout waits for the endpoint change to spread and the replica's
+queued requests to drain, applies, verifies, and sets the gate True again. A replica without the
+gate is switched in place: its requests stall for the length of the reload. A replica that fails
+is rolled back by the actuator and reported; once `maxUnavailable` replicas have failed, the
+rollout stops and the rest keep their current profile until the next attempt. A replica that
+does not answer is reported and skipped; it does not count against `maxUnavailable`.
 
 Every step is level-based, so a rollout interrupted at any point (an operator killed mid-way)
-converges on the next reconcile: up-to-date replicas are skipped, and a gate left False on an
+converges on the next pass: up-to-date replicas are skipped, and a gate left False on an
 up-to-date replica is set True again.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from batchpilot.applying import actuators, overrides
-from batchpilot.kube.pods import Target
+from batchpilot.applying import actuators, backoffs, overrides
+from batchpilot.applying.replicas import Replica
 from batchpilot.policy import rendering, specs
 from batchpilot_triton import servers
 
+logger = logging.getLogger("batchpilot.rollouts")
+
 TargetState = Literal["Updated", "Pending", "Failed", "Unreachable"]
+ApplyError = Literal[
+    "unreachable",
+    "refused",
+    "rejected",
+    "rollback_failed",
+    "explicit_mode_required",
+    "model_unavailable",
+    "failed",
+]
+"""Why applying to a replica failed: the `reason` label of `batchpilot_apply_errors_total`."""
 DRAIN_POLL_SECONDS = 0.2
+
+
+def error_of(failure: Exception) -> ApplyError:
+    """The one mapping from what went wrong to the reason it is counted and reported by."""
+    if isinstance(failure, overrides.ProfileRefused):
+        return "refused"
+    if isinstance(failure, actuators.ApplyFailed):
+        return "rejected" if failure.rolled_back else "rollback_failed"
+    if isinstance(failure, servers.Unreachable):
+        return "unreachable"
+    if isinstance(failure, servers.ExplicitModeRequired):
+        return "explicit_mode_required"
+    if isinstance(failure, servers.ModelUnavailable):
+        return "model_unavailable"
+    return "failed"
+
+
+def state_of(error: ApplyError) -> TargetState:
+    return "Unreachable" if error == "unreachable" else "Failed"
 
 
 class Fleet(Protocol):
@@ -57,28 +95,86 @@ class Gates(Protocol):
     ) -> None: ...
 
 
+class NoGates:
+    """Gates of replicas that have none: the runner's servers are never gated."""
+
+    async def set_gate(
+        self, namespace: str, pod: str, *, applied: bool, reason: str, message: str
+    ) -> None:
+        raise AssertionError(f"{pod} has no readiness gate to set")
+
+
+@dataclass(frozen=True)
+class Survey:
+    """What the replicas serve, before anything is applied."""
+
+    models: Mapping[str, Sequence[str]]
+    """The models to govern, by the URL of each replica that answered."""
+    unreachable: Mapping[str, servers.TritonError]
+    """Replicas that could not be asked, by name."""
+    missing: tuple[str, ...] = ()
+    """Models the policy names that a replica does not serve: the spec cannot be applied."""
+
+
+async def survey(replicas: Sequence[Replica], wanted: Sequence[str], fleet: Fleet) -> Survey:
+    """Ask every replica at once which models it serves; `wanted` empty means all of them."""
+    models: dict[str, list[str]] = {}
+    unreachable: dict[str, servers.TritonError] = {}
+    missing: list[str] = []
+
+    async def one(replica: Replica) -> None:
+        try:
+            loaded = await fleet.loaded_models(replica.http_url)
+        except servers.TritonError as error:
+            unreachable[replica.name] = error
+            return
+        lacking = [model for model in wanted if model not in loaded]
+        if lacking:
+            missing.append(
+                f"spec.target.models: {', '.join(repr(m) for m in lacking)} not loaded on "
+                f"{replica.title} (it has: {', '.join(loaded) or 'no models'})"
+            )
+        models[replica.http_url] = list(wanted or loaded)
+
+    await asyncio.gather(*(one(replica) for replica in replicas))
+    return Survey(models, unreachable, tuple(sorted(missing)))
+
+
 @dataclass(frozen=True)
 class Outcome:
     """Where one replica stands after a rollout pass."""
 
-    target: Target
+    replica: Replica
     state: TargetState
     profile: str | None
     """The profile the replica runs, as last verified (None: unknown or the repository's)."""
     message: str = ""
-    reloads: int = 0
-    rolled_back: bool = False
+    applied: tuple[actuators.Applied, ...] = ()
+    """The reloads this pass made on it."""
+    error: ApplyError | None = None
+    """Why it failed this pass; None when it did not, or was not tried (backing off, halted)."""
+
+    @property
+    def reloads(self) -> int:
+        return len(self.applied)
 
 
 @dataclass(frozen=True)
 class Result:
     outcomes: tuple[Outcome, ...]
-    halted: bool
+    """One per replica, in the order given."""
+    halted: bool = False
     """The rollout stopped early because maxUnavailable replicas failed."""
-    seconds: float
+    seconds: float = 0.0
+    dry_run: bool = False
+    """Nothing was applied: the policy runs as a dry run."""
 
     def count(self, state: TargetState) -> int:
         return sum(outcome.state == state for outcome in self.outcomes)
+
+    @property
+    def reloads(self) -> int:
+        return sum(outcome.reloads for outcome in self.outcomes)
 
 
 @dataclass(frozen=True)
@@ -88,118 +184,172 @@ class Plan:
     namespace: str
     profile: str
     settings: rendering.Settings
-    models: dict[str, list[str]]
-    """Models to govern, per target URL."""
     rollout: specs.Rollout
     settle_seconds: float = 1.5
     """How long a Pod out of its Services is given before its queue is watched: endpoint
     changes take a moment to reach every proxy and load balancer."""
 
 
-async def roll_out(targets: Sequence[Target], plan: Plan, fleet: Fleet, gates: Gates) -> Result:
+async def roll_out(
+    replicas: Sequence[Replica], survey: Survey, plan: Plan, fleet: Fleet, gates: Gates
+) -> Result:
     started = asyncio.get_running_loop().time()
-    settled: list[Outcome] = []
-    behind: list[Target] = []
-    for target in targets:
-        outcome = await _check(target, plan, fleet)
+    settled = [
+        _unreachable(r, survey.unreachable[r.name])
+        for r in replicas
+        if r.name in survey.unreachable
+    ]
+    behind: list[Replica] = []
+    failures = 0
+    for replica in replicas:
+        if replica.name in survey.unreachable:
+            continue
+        outcome = await _check(replica, survey.models[replica.http_url], plan, fleet)
         if outcome is None:
-            behind.append(target)
+            behind.append(replica)
             continue
         settled.append(outcome)
-        if outcome.state == "Updated" and target.gated and target.gate != "True":
+        failures += outcome.state in ("Failed", "Unreachable")
+        if outcome.state == "Updated" and replica.gated and replica.gate != "True":
             # Up to date but out of its Services: an interrupted rollout left it so.
-            await _open_gate(target, plan, gates, reason="ConfigApplied")
-    failures = sum(outcome.state in ("Failed", "Unreachable") for outcome in settled)
+            await _open_gate(replica, plan, gates, reason="ConfigApplied")
     limit = plan.rollout.max_unavailable
     halted = False
     for first in range(0, len(behind), limit):
-        wave = behind[first : first + limit]
         if failures >= limit:
             halted = True
             settled.extend(
-                Outcome(target, "Pending", None, f"rollout halted after {failures} failures")
-                for target in behind[first:]
+                Outcome(replica, "Pending", None, f"rollout halted after {failures} failures")
+                for replica in behind[first:]
             )
             break
-        outcomes = await asyncio.gather(*(_switch(target, plan, fleet, gates) for target in wave))
+        wave = behind[first : first + limit]
+        outcomes = await asyncio.gather(
+            *(_switch(r, survey.models[r.http_url], plan, fleet, gates) for r in wave)
+        )
         settled.extend(outcomes)
         failures += sum(outcome.state in ("Failed", "Unreachable") for outcome in outcomes)
-    order = {target.name: index for index, target in enumerate(targets)}
-    ordered = tuple(sorted(settled, key=lambda outcome: order[outcome.target.name]))
-    return Result(ordered, halted, asyncio.get_running_loop().time() - started)
+    return Result(_ordered(settled, replicas), halted, asyncio.get_running_loop().time() - started)
 
 
-async def _check(target: Target, plan: Plan, fleet: Fleet) -> Outcome | None:
+def dry_run(replicas: Sequence[Replica], survey: Survey) -> Result:
+    """What a dry run reports: nothing applied, unreachable replicas said so."""
+    outcomes = [
+        _unreachable(replica, survey.unreachable[replica.name])
+        if replica.name in survey.unreachable
+        else Outcome(replica, "Pending", None, "dry run: nothing applied")
+        for replica in replicas
+    ]
+    return Result(tuple(outcomes), dry_run=True)
+
+
+async def open_gates_for_dry_run(replicas: Sequence[Replica], namespace: str, gates: Gates) -> None:
+    """A dry run changes no Triton server, but must not keep gated Pods out of service."""
+    for replica in replicas:
+        if replica.gated and replica.gate != "True":
+            await gates.set_gate(
+                namespace,
+                replica.name,
+                applied=True,
+                reason="DryRun",
+                message="batchpilot runs this policy as a dry run",
+            )
+
+
+def _ordered(outcomes: Sequence[Outcome], replicas: Sequence[Replica]) -> tuple[Outcome, ...]:
+    order = {replica.name: index for index, replica in enumerate(replicas)}
+    return tuple(sorted(outcomes, key=lambda outcome: order[outcome.replica.name]))
+
+
+def _unreachable(replica: Replica, error: servers.TritonError) -> Outcome:
+    # Backing off, it was not asked this pass: there is no fresh failure to count.
+    fresh = None if isinstance(error, backoffs.BackingOff) else error_of(error)
+    return Outcome(replica, state_of(error_of(error)), None, error.message, error=fresh)
+
+
+def _failed(
+    replica: Replica, failure: Exception, applied: Sequence[actuators.Applied] = ()
+) -> Outcome:
+    error = error_of(failure)
+    message = failure.message if isinstance(failure, servers.TritonError) else str(failure)
+    return Outcome(replica, state_of(error), None, message, tuple(applied), error)
+
+
+async def _check(
+    replica: Replica, models: Sequence[str], plan: Plan, fleet: Fleet
+) -> Outcome | None:
     """The replica's outcome if nothing needs doing (or cannot be done); None to switch it."""
     try:
-        for model in plan.models[target.http_url]:
-            if not await fleet.runs(target.http_url, model, plan.settings, profile=plan.profile):
+        for model in models:
+            if not await fleet.runs(replica.http_url, model, plan.settings, profile=plan.profile):
                 return None
-    except overrides.ProfileRefused as refused:
-        return Outcome(target, "Failed", None, str(refused))
-    except servers.Unreachable as error:
-        return Outcome(target, "Unreachable", None, error.message)
-    except servers.TritonError as error:
-        return Outcome(target, "Failed", None, error.message)
-    return Outcome(target, "Updated", plan.profile)
+    except (overrides.ProfileRefused, servers.TritonError) as failure:
+        return _failed(replica, failure)
+    return Outcome(replica, "Updated", plan.profile)
 
 
-async def _switch(target: Target, plan: Plan, fleet: Fleet, gates: Gates) -> Outcome:
-    models = plan.models[target.http_url]
-    if target.gated:
+async def _switch(
+    replica: Replica, models: Sequence[str], plan: Plan, fleet: Fleet, gates: Gates
+) -> Outcome:
+    if replica.gated:
         await gates.set_gate(
             plan.namespace,
-            target.name,
+            replica.name,
             applied=False,
             reason="Switching",
             message=f"draining before applying {plan.profile}",
         )
-        await _drain(target, models, plan, fleet)
-    reloads = 0
+        await _drain(replica, models, plan, fleet)
+    applied: list[actuators.Applied] = []
     try:
         for model in models:
-            applied = await fleet.apply(
-                target.http_url,
+            done = await fleet.apply(
+                replica.http_url,
                 model,
                 plan.settings,
                 profile=plan.profile,
                 unload_first=plan.rollout.unload_before_load,
                 verify_timeout=plan.rollout.verify_timeout_seconds,
             )
-            reloads += applied.reloaded
-    except actuators.ApplyFailed as failure:
-        if target.gated and failure.rolled_back:
-            await _open_gate(target, plan, gates, reason="RolledBack")
-        return Outcome(target, "Failed", None, failure.message, reloads, failure.rolled_back)
-    except overrides.ProfileRefused as refused:
-        if target.gated:
-            await _open_gate(target, plan, gates, reason="Refused")
-        return Outcome(target, "Failed", None, str(refused), reloads)
-    except servers.TritonError as error:
-        state: TargetState = "Unreachable" if isinstance(error, servers.Unreachable) else "Failed"
-        return Outcome(target, state, None, error.message, reloads)
-    if target.gated:
-        await _open_gate(target, plan, gates, reason="ConfigApplied")
-    return Outcome(target, "Updated", plan.profile, "", reloads)
+            if done.reloaded:
+                applied.append(done)
+                logger.info(
+                    "applied %s to %s on %s in %.2fs (was %s)",
+                    done.profile,
+                    model,
+                    replica.title,
+                    done.seconds,
+                    done.previous_profile or "the repository configuration",
+                )
+    except (overrides.ProfileRefused, servers.TritonError) as failure:
+        outcome = _failed(replica, failure, applied)
+        if replica.gated and outcome.error in ("refused", "rejected"):
+            # The previous configuration serves: the Pod can take requests again.
+            reason = "Refused" if outcome.error == "refused" else "RolledBack"
+            await _open_gate(replica, plan, gates, reason=reason)
+        return outcome
+    if replica.gated:
+        await _open_gate(replica, plan, gates, reason="ConfigApplied")
+    return Outcome(replica, "Updated", plan.profile, "", tuple(applied))
 
 
-async def _drain(target: Target, models: Sequence[str], plan: Plan, fleet: Fleet) -> None:
+async def _drain(replica: Replica, models: Sequence[str], plan: Plan, fleet: Fleet) -> None:
     """Wait, within the drain timeout, for the Pod to leave its Services and its queue to empty."""
     deadline = asyncio.get_running_loop().time() + plan.rollout.drain_timeout_seconds
     await asyncio.sleep(min(plan.settle_seconds, plan.rollout.drain_timeout_seconds))
     while asyncio.get_running_loop().time() < deadline:
         try:
-            if await fleet.pending_requests(target.http_url, models) == 0:
+            if await fleet.pending_requests(replica.http_url, models) == 0:
                 return
         except servers.TritonError:
             return  # the apply will meet the same problem and report it
         await asyncio.sleep(DRAIN_POLL_SECONDS)
 
 
-async def _open_gate(target: Target, plan: Plan, gates: Gates, *, reason: str) -> None:
+async def _open_gate(replica: Replica, plan: Plan, gates: Gates, *, reason: str) -> None:
     await gates.set_gate(
         plan.namespace,
-        target.name,
+        replica.name,
         applied=True,
         reason=reason,
         message=f"batchpilot profile {plan.profile}"

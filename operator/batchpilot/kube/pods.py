@@ -1,10 +1,10 @@
-"""Triton Pods as the operator sees them: targets, endpoints and the readiness gate.
+"""Triton Pods as the operator sees them: replicas, endpoints and the readiness gate.
 
-A target is a Pod that matches a policy's selector, runs, and has an IP. Its Triton endpoint is
-the Pod IP and `spec.target.port` (a number, or the name of a container port); the sidecar's is
-found the same way. A Pod opts into hitless switching with the readiness gate
-`batchpilot.dev/config-applied`: while batchpilot holds that condition False the Pod is not
-Ready, so Services stop sending it requests.
+A policy's replicas are the Pods that match its selector, run, and have an IP. A replica's
+Triton endpoint is the Pod IP and `spec.target.port` (a number, or the name of a container
+port); the sidecar's is found the same way. A Pod opts into hitless switching with the
+readiness gate `batchpilot.dev/config-applied`: while batchpilot holds that condition False the
+Pod is not Ready, so Services stop sending it requests.
 """
 
 from __future__ import annotations
@@ -13,42 +13,15 @@ import asyncio
 import datetime
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import kubernetes.client
 
+from batchpilot.applying.replicas import Replica
 from batchpilot.policy import specs
 
 GATE = "batchpilot.dev/config-applied"
 STRATEGIC_MERGE = "application/strategic-merge-patch+json"
-
-
-@dataclass(frozen=True)
-class Target:
-    """One Triton Pod governed by a policy."""
-
-    name: str
-    uid: str
-    ip: str
-    http_port: int
-    sidecar_port: int | None
-    ready: bool
-    gated: bool
-    gate: str | None
-    """The gate condition's status ("True", "False") or None when unset."""
-
-    @property
-    def http_url(self) -> str:
-        return f"http://{self.ip}:{self.http_port}"
-
-    @property
-    def sidecar_url(self) -> str | None:
-        return f"http://{self.ip}:{self.sidecar_port}" if self.sidecar_port else None
-
-    @property
-    def endpoint(self) -> str:
-        return f"{self.ip}:{self.http_port}"
 
 
 def selector_string(selector: specs.LabelSelector) -> str:
@@ -79,6 +52,10 @@ def _port(pod: Mapping[str, Any], reference: int | str | None) -> int | None:
     return None
 
 
+def _host(ip: str) -> str:
+    return f"[{ip}]" if ":" in ip else ip
+
+
 def _condition(pod: Mapping[str, Any], kind: str) -> str | None:
     for condition in pod.get("status", {}).get("conditions") or []:
         if condition.get("type") == kind:
@@ -86,11 +63,11 @@ def _condition(pod: Mapping[str, Any], kind: str) -> str | None:
     return None
 
 
-def targets_from_pods(
+def replicas_from_pods(
     pods: list[Mapping[str, Any]], target: specs.Target
-) -> tuple[list[Target], list[str]]:
-    """The Pods that can be targets, and a note for each that cannot (e.g. no such port)."""
-    found: list[Target] = []
+) -> tuple[list[Replica], list[str]]:
+    """The Pods that can be replicas, and a note for each that cannot (e.g. no such port)."""
+    found: list[Replica] = []
     skipped: list[str] = []
     for pod in pods:
         metadata, status = pod["metadata"], pod.get("status", {})
@@ -104,29 +81,31 @@ def targets_from_pods(
             skipped.append(f"{name}: no container port named {target.port!r}")
             continue
         gates = {gate.get("conditionType") for gate in pod["spec"].get("readinessGates") or []}
+        ip = status["podIP"]
+        sidecar_port = _port(pod, target.sidecar_port)
         found.append(
-            Target(
+            Replica(
                 name=name,
-                uid=metadata["uid"],
-                ip=status["podIP"],
-                http_port=http_port,
-                sidecar_port=_port(pod, target.sidecar_port),
-                ready=_condition(pod, "Ready") == "True",
+                http_url=f"http://{_host(ip)}:{http_port}",
+                sidecar_url=f"http://{_host(ip)}:{sidecar_port}" if sidecar_port else None,
                 gated=GATE in gates,
                 gate=_condition(pod, GATE),
+                kind="pod",
             )
         )
     return sorted(found, key=lambda t: t.name), skipped
 
 
 class Pods:
-    """Reads target Pods and writes their gate condition, through the Kubernetes API."""
+    """Reads a policy's Pods and writes their gate condition, through the Kubernetes API."""
 
     def __init__(self, api: kubernetes.client.ApiClient, *, timeout: float = 10.0) -> None:
         self._core = kubernetes.client.CoreV1Api(api)
         self._timeout = timeout
 
-    async def targets(self, namespace: str, target: specs.Target) -> tuple[list[Target], list[str]]:
+    async def replicas(
+        self, namespace: str, target: specs.Target
+    ) -> tuple[list[Replica], list[str]]:
         # Raw JSON: the Pods are read as the API writes them, not as the client's models.
         response: Any = await asyncio.to_thread(
             self._core.list_namespaced_pod,
@@ -136,7 +115,7 @@ class Pods:
             _request_timeout=self._timeout,
         )
         pods = json.loads(response.data)["items"]
-        return targets_from_pods(pods, target)
+        return replicas_from_pods(pods, target)
 
     async def set_gate(
         self, namespace: str, pod: str, *, applied: bool, reason: str, message: str

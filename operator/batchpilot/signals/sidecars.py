@@ -1,11 +1,12 @@
 """Load signals from batchpilot sidecars: every sidecar's /status, read at once and aggregated.
 
-A sidecar reports, per model, what Triton counted over its rate window; those counts become
-`scraping.ModelRates` again, so the signals are aggregated by the very function that aggregates
-Triton's own pages (`aggregating.signals_from_rates`). Only measured latency quantiles count
-(a sidecar's estimates are shown on its /status, not fed to load rules). The recommended queue
-delay is the smallest over the governed models and servers: the one delay a policy applies must
-meet the objective on every one of them.
+A sidecar reports, per model, what Triton counted over its rate window (its /status document,
+`batchpilot_triton.reports`, read with the very model the sidecar writes it from); those counts
+become `scraping.ModelRates` again, so the signals are aggregated by the very function that
+aggregates Triton's own pages (`aggregating.signals_from_rates`). Only measured latency
+quantiles count (a sidecar's estimates are shown on its /status, not fed to load rules). The
+recommended queue delay is the smallest over the governed models and servers: the one delay a
+policy applies must meet the objective on every one of them.
 
 A sidecar that does not answer, answers nonsense, or has stale data is named in the reading's
 problems and contributes nothing, never zeros. The operator reads sidecars the same way.
@@ -18,120 +19,24 @@ from collections.abc import Collection, Mapping, Sequence
 
 import aiohttp
 import pydantic
-from pydantic.alias_generators import to_camel
 
 from batchpilot.policy import decisions, specs
 from batchpilot.signals import aggregating, sources
-from batchpilot_triton import scraping
+from batchpilot_triton import reports, scraping
 
-
-class _Document(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(alias_generator=to_camel, extra="ignore", frozen=True)
-
-
-class _Window(_Document):
-    seconds: float
-    requests_succeeded: float
-    requests_failed: float
-    inferences: float
-    executions: float
-    request_us: float
-    queue_us: float
-    compute_infer_us: float
-    pending_requests: float
-
-
-class _Latency(_Document):
-    p50: float | None = None
-    p95: float | None = None
-    p99: float | None = None
-    source: str
-
-
-class _QueueDelay(_Document):
-    status: str
-    microseconds: int | None = None
-
-
-class _Recommendation(_Document):
-    status: str
-    queue_delay: _QueueDelay | None = None
-
-
-class _Model(_Document):
-    window: _Window | None = None
-    latency_ms: _Latency | None = None
-    recommendation: _Recommendation | None = None
-
-
-class _Device(_Document):
-    utilization: float | None = None
-
-
-class _Gpu(_Document):
-    status: str
-    devices: list[_Device] = []
-
-
-class SidecarStatus(_Document):
-    """The part of a sidecar's /status document that load signals need."""
-
-    fresh: bool
-    gpu: _Gpu
-    models: dict[str, _Model]
-
-    def rates(self) -> dict[str, scraping.ModelRates]:
-        found = {}
-        for name, model in self.models.items():
-            window = model.window
-            if window is None or window.seconds <= 0:
-                continue
-            measured = (
-                model.latency_ms
-                if model.latency_ms and model.latency_ms.source == "summary"
-                else None
-            )
-            found[name] = scraping.ModelRates(
-                seconds=window.seconds,
-                counted=scraping.ModelCounters(
-                    requests_succeeded=window.requests_succeeded,
-                    requests_failed=window.requests_failed,
-                    inferences=window.inferences,
-                    executions=window.executions,
-                    request_us=window.request_us,
-                    queue_us=window.queue_us,
-                    compute_infer_us=window.compute_infer_us,
-                ),
-                pending=window.pending_requests,
-                p50_ms=measured.p50 if measured else None,
-                p95_ms=measured.p95 if measured else None,
-                p99_ms=measured.p99 if measured else None,
-            )
-        return found
-
-    def recommended_delays(self, models: Collection[str]) -> list[int]:
-        delays = []
-        for name, model in self.models.items():
-            if models and name not in models:
-                continue
-            delay = model.recommendation.queue_delay if model.recommendation else None
-            if delay is not None and delay.status == "ok" and delay.microseconds is not None:
-                delays.append(delay.microseconds)
-        return delays
-
-    def gpu_utilization(self) -> list[float]:
-        return [d.utilization for d in self.gpu.devices if d.utilization is not None]
+STATUS_DOCUMENT = pydantic.TypeAdapter(reports.StatusDocument)
+"""Validates a sidecar's /status against the model the sidecar writes it from."""
 
 
 def objective_query(slo: specs.Slo | None) -> dict[str, str]:
     """The /status query that asks a sidecar for recommendations under this objective."""
     if slo is None:
         return {}
-    return {
-        "sloP95Ms": f"{slo.p95_latency_ms:g}",
-        "minDelayUs": str(slo.min_queue_delay_microseconds),
-        "maxDelayUs": str(slo.max_queue_delay_microseconds),
-    }
+    return reports.ObjectiveQuery(
+        slo_p95_ms=slo.p95_latency_ms,
+        min_delay_us=slo.min_queue_delay_microseconds,
+        max_delay_us=slo.max_queue_delay_microseconds,
+    ).to_query()
 
 
 class SidecarError(Exception):
@@ -190,7 +95,7 @@ class SidecarSource:
             await self._session.close()
             self._session = None
 
-    async def _status(self, url: str) -> SidecarStatus:
+    async def _status(self, url: str) -> reports.StatusDocument:
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self._timeout)
@@ -202,6 +107,6 @@ class SidecarSource:
         except (aiohttp.ClientError, TimeoutError) as error:
             raise SidecarError(f"sidecar {url}: {error or type(error).__name__}") from None
         try:
-            return SidecarStatus.model_validate_json(body)
+            return STATUS_DOCUMENT.validate_json(body)
         except pydantic.ValidationError as error:
             raise SidecarError(f"sidecar {url}: not a sidecar status: {error}") from None

@@ -1,0 +1,298 @@
+"""What a reconcile reports: the policy's status and its events, from what it found. Pure.
+
+The reconcile gathers its findings (observed, decided, done) into `Findings`; everything people
+read comes from them here, one function per part: each target's detail, each condition, each
+event. The previous status comes in typed, parsed once, so what did not change keeps its times
+and a steady fleet gets a status equal to the last one, which is then not written again.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import pydantic
+
+from batchpilot.applying import rollouts
+from batchpilot.applying.replicas import Replica
+from batchpilot.policy import decisions, specs, statuses
+
+MAX_TARGET_DETAILS = 64
+
+
+@dataclass(frozen=True)
+class Event:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Notice:
+    """An event to post, or a standing problem: one with a `key` is posted when it begins or its
+    message changes, and forgotten (`event` None) once it is over, so it is reported once."""
+
+    event: Event | None
+    key: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Findings:
+    """Everything one reconcile of a policy found."""
+
+    now: datetime.datetime
+    """When it ran, in whole seconds (status times are whole seconds)."""
+    generation: int | None
+    problems: tuple[str, ...] = ()
+    """Why the spec cannot be applied (the InvalidSpec condition); nothing was changed."""
+    policy: specs.BatchPolicySpec | None = None
+    """None when the spec did not parse."""
+    decision: decisions.Decision | None = None
+    previous_profile: str | None = None
+    """The profile decided by the reconcile before this one."""
+    replicas: Sequence[Replica] = ()
+    skipped: Sequence[str] = ()
+    """Pods the selector matched that cannot be replicas, and why."""
+    result: rollouts.Result | None = None
+    """What the rollout did (or, in a dry run, would have left alone)."""
+    signal_problems: tuple[str, ...] = ()
+    """Why load signals the policy needs are missing."""
+
+
+def previous_status(status: Mapping[str, Any]) -> statuses.BatchPolicyStatus:
+    """The status as last written; one this version cannot read counts as none."""
+    try:
+        return statuses.BatchPolicyStatus.model_validate(status)
+    except pydantic.ValidationError:
+        return statuses.BatchPolicyStatus()
+
+
+def missing_signals(policy: specs.BatchPolicySpec, measured: Mapping[str, float]) -> list[str]:
+    rules = policy.load.rules if policy.load else []
+    return [
+        f"no {metric} measurement" for metric in sorted({r.metric for r in rules} - {*measured})
+    ]
+
+
+# The status ------------------------------------------------------------------------------------
+
+
+def status(findings: Findings, previous: statuses.BatchPolicyStatus) -> dict[str, Any]:
+    """The status to write, as the API takes it."""
+    written = _invalid(findings, previous) if findings.problems else _decided(findings, previous)
+    document = written.model_dump(by_alias=True, mode="json", exclude_none=True)
+    # A merge patch keeps fields it does not mention; clear what no longer applies.
+    document.setdefault("nextTransitionTime", None)
+    return document
+
+
+def _invalid(
+    findings: Findings, previous: statuses.BatchPolicyStatus
+) -> statuses.BatchPolicyStatus:
+    message = "; ".join(findings.problems)
+    wanted = {
+        "Ready": (False, "InvalidSpec", "the spec cannot be applied; nothing was changed"),
+        "InvalidSpec": (True, "InvalidSpec", message),
+        "Progressing": (False, "InvalidSpec", ""),
+        "Degraded": (False, "InvalidSpec", ""),
+        "SignalsUnavailable": (False, "InvalidSpec", ""),
+    }
+    decision = findings.decision
+    return previous.model_copy(
+        update={
+            "reason": f"invalid spec: {message}"[:1024],
+            "desired_profile": decision.desired_profile if decision else previous.desired_profile,
+            "conditions": conditions(wanted, findings, previous),
+            "observed_generation": findings.generation,
+        }
+    )
+
+
+def _decided(
+    findings: Findings, previous: statuses.BatchPolicyStatus
+) -> statuses.BatchPolicyStatus:
+    decision, policy = findings.decision, findings.policy
+    assert decision is not None, "a valid spec is decided"
+    assert policy is not None
+    details = target_details(findings, previous)
+    counts = target_counts(details, dry_run=policy.dry_run)
+    wanted = {
+        "Ready": ready(findings, counts),
+        "Progressing": progressing(decision, details),
+        "Degraded": degraded(details),
+        "InvalidSpec": (False, "Valid", ""),
+        "SignalsUnavailable": signals_unavailable(findings.signal_problems),
+    }
+    return statuses.BatchPolicyStatus(
+        active_profile=decision.profile,
+        desired_profile=decision.desired_profile,
+        reason=decision.reason[:1024],
+        last_transition_time=(
+            findings.now
+            if previous.active_profile != decision.profile
+            else previous.last_transition_time or decision.memory.since
+        ),
+        next_transition_time=decision.next_transition,
+        targets=counts,
+        target_details=details[:MAX_TARGET_DETAILS],
+        conditions=conditions(wanted, findings, previous),
+        observed_generation=findings.generation,
+    )
+
+
+def target_details(
+    findings: Findings, previous: statuses.BatchPolicyStatus
+) -> list[statuses.TargetStatus]:
+    """One detail per replica; an unchanged detail keeps its time, so the status stays still."""
+    earlier = {detail.name: detail for detail in previous.target_details}
+    outcomes = {o.replica.name: o for o in findings.result.outcomes} if findings.result else {}
+    details = []
+    for replica in findings.replicas:
+        outcome = outcomes.get(replica.name)
+        state = outcome.state if outcome else "Pending"
+        message = (outcome.message if outcome else "not rolled out")[:1024]
+        before = earlier.get(replica.name)
+        unchanged = before is not None and (before.state, before.message) == (state, message)
+        details.append(
+            statuses.TargetStatus(
+                name=replica.name,
+                endpoint=replica.endpoint,
+                profile=outcome.profile if outcome else None,
+                state=state,
+                message=message,
+                last_update_time=(before.last_update_time if unchanged and before else None)
+                or findings.now,
+            )
+        )
+    return details
+
+
+def target_counts(
+    details: Sequence[statuses.TargetStatus], *, dry_run: bool
+) -> statuses.TargetCounts:
+    total = len(details)
+    updated = sum(detail.state == "Updated" for detail in details)
+    failed = sum(detail.state in ("Failed", "Unreachable") for detail in details)
+    summary = f"{updated}/{total} updated" + (f", {failed} failed" if failed else "")
+    if dry_run:
+        summary = f"dry run, {total} targets"
+    return statuses.TargetCounts(total=total, updated=updated, failed=failed, summary=summary)
+
+
+Wanted = tuple[bool, str, str]
+"""A condition as a reconcile finds it: whether it holds, its reason and its message."""
+
+
+def ready(findings: Findings, counts: statuses.TargetCounts) -> Wanted:
+    decision, policy = findings.decision, findings.policy
+    assert decision is not None, "a valid spec is decided"
+    assert policy is not None
+    if policy.dry_run:
+        return False, "DryRun", "decisions are reported, nothing is applied"
+    if counts.total == 0:
+        message = "no Running Pod with an IP matches spec.target.selector"
+        if findings.skipped:
+            message += f" ({'; '.join(findings.skipped)})"
+        return False, "NoTargets", message
+    if counts.updated == counts.total:
+        return True, "RolledOut", f"{decision.profile} on every target"
+    return False, "NotAllUpdated", counts.summary
+
+
+def progressing(decision: decisions.Decision, details: Sequence[statuses.TargetStatus]) -> Wanted:
+    if decision.desired_profile != decision.profile:
+        return True, "DwellHolding", decision.reason
+    pending = sum(detail.state == "Pending" for detail in details)
+    if pending:
+        return True, "RolloutPending", f"{pending} targets pending"
+    return False, "Stable", ""
+
+
+def degraded(details: Sequence[statuses.TargetStatus]) -> Wanted:
+    failing = [detail for detail in details if detail.state in ("Failed", "Unreachable")]
+    if not failing:
+        return False, "AllHealthy", ""
+    return True, "TargetsFailed", "; ".join(f"{d.name}: {d.message}" for d in failing)
+
+
+def signals_unavailable(problems: Sequence[str]) -> Wanted:
+    if not problems:
+        return False, "SignalsAvailable", ""
+    return (
+        True,
+        "SignalsMissing",
+        "; ".join(problems) + "; load rules keep their last state, then the schedule decides",
+    )
+
+
+def conditions(
+    wanted: Mapping[str, Wanted], findings: Findings, previous: statuses.BatchPolicyStatus
+) -> list[statuses.Condition]:
+    """The conditions, each keeping its transition time while its status stays the same."""
+    before = {condition.type: condition for condition in previous.conditions}
+    found = []
+    for kind, (holds, reason, message) in wanted.items():
+        status = "True" if holds else "False"
+        earlier = before.get(kind)
+        kept = earlier is not None and earlier.status == status
+        found.append(
+            statuses.Condition(
+                type=kind,
+                status=status,
+                reason=reason,
+                message=message[:4096],
+                last_transition_time=(earlier.last_transition_time if kept and earlier else None)
+                or findings.now,
+                observed_generation=findings.generation,
+            )
+        )
+    return found
+
+
+# The events ------------------------------------------------------------------------------------
+
+
+def notices(findings: Findings) -> list[Notice]:
+    """The events of this reconcile, and the standing problems it began, changed or ended."""
+    if findings.problems:
+        message = "; ".join(findings.problems)
+        found = [Notice(Event("Warning", "InvalidSpec", message), key="InvalidSpec")]
+    else:
+        found = [Notice(None, key="InvalidSpec")]
+    decision, policy = findings.decision, findings.policy
+    if decision is not None and policy is not None and decision.switched:
+        reason = "DryRunDecision" if policy.dry_run else "ProfileSwitched"
+        switch = f"{findings.previous_profile or '(none)'} -> {decision.profile}: {decision.reason}"
+        found.insert(0, Notice(Event("Normal", reason, switch)))
+    if findings.result is not None:
+        found.extend(target_notice(outcome) for outcome in findings.result.outcomes)
+        rolled_out = rolled_out_event(findings.result)
+        if rolled_out is not None:
+            found.append(Notice(rolled_out))
+    return found
+
+
+def target_notice(outcome: rollouts.Outcome) -> Notice:
+    key = f"target/{outcome.replica.name}"
+    if outcome.state == "Unreachable":
+        reason = "TargetUnreachable"
+    elif outcome.state == "Failed":
+        reason = "RolledBack" if outcome.error == "rejected" else "ApplyFailed"
+    else:
+        return Notice(None, key=key)
+    return Notice(Event("Warning", reason, f"{outcome.replica.title}: {outcome.message}"), key=key)
+
+
+def rolled_out_event(result: rollouts.Result) -> Event | None:
+    """Once every replica runs the profile, and this pass reloaded some."""
+    total = len(result.outcomes)
+    if not result.reloads or result.count("Updated") != total:
+        return None
+    profile = result.outcomes[0].profile
+    return Event(
+        "Normal",
+        "RolledOut",
+        f"{profile} on {total}/{total} targets in {result.seconds:.1f}s ({result.reloads} reloads)",
+    )
