@@ -25,4 +25,3 @@ def parse_listen(text: str, *, option: str = "--listen", example: str = "") -> t
         hint = f", e.g. {example}" if example else ""
         raise ValueError(f"{option} {text!r}: expected HOST:PORT{hint}")
     return host.strip("[]") or EVERY_ADDRESS, int(port)
-
