@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from batchpilot import telemetry
+from batchpilot.policy import specs
 from batchpilot_charts import queries
 
 Severity = Literal["critical", "warning", "info"]
@@ -34,7 +35,7 @@ class Alert:
 
 
 _ACTIVE = f"{telemetry.ACTIVE_PROFILE} == 1"
-_IN_BULK = f'{telemetry.ACTIVE_PROFILE}{{profile="bulk"}} == 1'
+_THROUGHPUT: specs.ProfileRole = "throughput"
 _SIGNALS_MISSING = f"{telemetry.SIGNALS_UNAVAILABLE} == 1"
 
 ALERTS: tuple[Alert, ...] = (
@@ -200,27 +201,39 @@ ALERTS: tuple[Alert, ...] = (
         ),
     ),
     Alert(
-        name="BatchpilotGpuUnderusedInBulk",
+        name="BatchpilotGpuUnderusedInThroughput",
+        # Which profile trades latency for throughput is the policy's to say (its role, declared
+        # or implied by the longest queue delay), so no profile name is written here. The
+        # profile in force is chosen as for BatchpilotSloBreached, then kept only if the policy
+        # gives it the throughput role.
         expr=(
-            f"{queries.by_policy(queries.signal('gpuUtilization'))} < 30\n"
-            f"and on (namespace, policy)\n{queries.by_policy(_IN_BULK)}"
+            f"(\n  {queries.by_policy(queries.signal('gpuUtilization'))} < 30\n)\n"
+            f"* on (namespace, policy) group_left (profile) (\n"
+            f"  topk by (namespace, policy) (1, max by (namespace, policy, profile) ({_ACTIVE}))\n"
+            f"  and on (namespace, policy, profile)\n"
+            f'  {telemetry.PROFILE_ROLE}{{role="{_THROUGHPUT}"}} == 1\n)'
         ),
         for_="30m",
         severity="info",
-        summary="{{ $labels.policy }} runs bulk with its GPUs {{ $value | humanize }}% busy",
+        summary=(
+            "{{ $labels.policy }} runs its throughput profile {{ $labels.profile }} with its "
+            "GPUs {{ $value | humanize }}% busy"
+        ),
         description=(
-            "Policy {{ $labels.policy }} has been in its bulk profile for 30 minutes while its "
-            "GPUs were less than 30% busy: requests wait for big batches the load does not "
-            "fill, paying latency for efficiency nobody needs."
+            "Policy {{ $labels.policy }} has been in {{ $labels.profile }}, a profile whose role "
+            "is throughput, for 30 minutes while its GPUs were less than 30% busy: requests wait "
+            "for big batches the load does not fill, paying latency for efficiency nobody needs."
         ),
         runbook=(
             "Compare the request rate with the average batch size on the dashboard: at this "
             "rate a shorter queue delay makes the same batches.",
-            "Enable spec.slo.autotune for the bulk profile, or lower its "
-            "maxQueueDelayMicroseconds.",
-            "If the schedule decides bulk, add a load rule that keeps the interactive profile "
-            "while the rate is low. (The rule matches the profile named bulk; copy it for "
-            "other names.)",
+            "Enable spec.slo.autotune for that profile, or lower its maxQueueDelayMicroseconds.",
+            "If the schedule decides that profile, add a load rule that keeps a latency profile "
+            "while the rate is low.",
+            "The role comes from spec.profiles.<name>.role, else from the queue delay (the "
+            "profile with the strictly longest one is the throughput profile); controllers "
+            f"export it as {telemetry.PROFILE_ROLE}. Declare `role: latency` on a profile that "
+            "should not be held to this.",
         ),
     ),
 )
