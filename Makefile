@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: venv deps lint unit integration e2e e2e-kind kind-down test demo crds chart helm-lint dashboard-png bench bench-short
+.PHONY: venv deps lint unit integration e2e e2e-kind kind-down test demo generate helm-lint dashboard-png bench bench-short
 
 # The main job: a local Triton, the demo model, a policy and load; watch it switch.
 demo: venv
@@ -25,18 +25,18 @@ lint: venv
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-crds: venv
-	$(PY) -m batchpilot.crds crds/batchpolicy.yaml
+# The helm that `make k8s-bins` builds.
+HELM = "$$($(PY) -c 'from e2e import charts; print(charts.helm_binary())')"
 
-# Everything generated for the chart and the plain install: the alert rules (Prometheus and
-# Grafana), the dashboard, the chart's copy of crds/ (batchpilot.observability), then
-# manifests/install.yaml and manifests/rbac.yaml from `helm template` (e2e.charts).
-chart: venv k8s-bins
-	$(PY) -m batchpilot.observability
-	$(PY) -m e2e.charts
+# Every generated file, from one generator (batchpilot_charts): the CRD from the API models, the
+# chart's copy of crds/, its alert rules (Prometheus and Grafana) and dashboard, then
+# manifests/install.yaml and manifests/rbac.yaml from `helm template`. tests/test_generated.py
+# fails when any is stale.
+generate: venv k8s-bins
+	$(PY) -m batchpilot_charts --helm $(HELM)
 
 helm-lint: venv k8s-bins
-	"$$($(PY) -c 'from e2e import charts; print(charts.helm_binary())')" lint --strict charts/batchpilot
+	$(HELM) lint --strict charts/batchpilot
 
 # The README's picture of the dashboard, drawn from a real Prometheus scraping a real Triton,
 # sidecar and runner (tests/integration/test_dashboard.py).

@@ -71,12 +71,6 @@ def test_helm_lint_is_clean() -> None:
 
 
 @pytest.mark.timeout(60)
-def test_install_and_rbac_manifests_are_what_the_chart_renders() -> None:
-    for path, text in charts.generated().items():
-        assert path.read_text(encoding="utf-8") == text, f"{path.name} is stale: run make chart"
-
-
-@pytest.mark.timeout(60)
 def test_unknown_values_are_refused() -> None:
     for wrong in ("replicas=2", "image.tag2=x", "grafana.dashboard.label=x"):
         rendered = charts.helm("template", "x", str(charts.CHART), "--set", wrong)

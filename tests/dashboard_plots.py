@@ -1,8 +1,8 @@
 """The dashboard's panels drawn with matplotlib from Prometheus range queries.
 
-Grafana does not run here; this draws the same panels from the same queries (batchpilot.
-observability.PANELS) for the README's picture, which tests/integration/test_dashboard.py
-takes from real data (`make dashboard-png`).
+Grafana does not run here; this draws the same panels from the same queries
+(batchpilot_charts.dashboards.PANELS) for the README's picture, which
+tests/integration/test_dashboard.py takes from real data (`make dashboard-png`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ matplotlib.use("Agg")  # files only, no display
 
 import matplotlib.pyplot as plt
 
-from batchpilot import observability
+from batchpilot_charts import dashboards
 
 Series = Mapping[str, Any]
 """One series of a Prometheus matrix result: {"metric": {...}, "values": [[t, "v"], ...]}."""
@@ -82,7 +82,7 @@ def draw(
     title: str,
 ) -> None:
     """One subplot per panel; `results[panel.title][i]` is the matrix of the panel's i-th query."""
-    panels = observability.PANELS
+    panels = dashboards.PANELS
     columns = 2
     rows = math.ceil(len(panels) / columns)
     figure, grid = plt.subplots(rows, columns, figsize=(14, 3.1 * rows), squeeze=False)

@@ -1,10 +1,11 @@
-"""A real Prometheus server (Debian's `prometheus` package) for integration tests.
+"""A real Prometheus server (Debian's `prometheus` package) for integration tests, and its
+promtool.
 
 `prometheus_server(targets)` starts one on a free loopback port with a 1 s scrape interval,
 scraping the given `host:port` metrics endpoints with the given extra labels (a `job` label among
-them replaces the default), evaluating the given rule files, and stops it at the end of the test.
-Tests that need it are skipped, saying why, where the binary is missing (`make test` installs
-it).
+them replaces the default), evaluating the given rule files, and stops it at the end of the test;
+`promtool` is the path of the package's rule checker. Tests that need either are skipped, saying
+why, where the binary is missing (`make test` installs it).
 """
 
 from __future__ import annotations
@@ -51,6 +52,14 @@ def _ready(url: str) -> bool:
             return bool(response.status == 200)
     except OSError:
         return False
+
+
+@pytest.fixture
+def promtool() -> str:
+    found = shutil.which("promtool")
+    if found is None:
+        pytest.skip("no promtool (Debian package `prometheus`; `make test` installs it)")
+    return found
 
 
 @pytest.fixture

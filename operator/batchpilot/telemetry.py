@@ -21,7 +21,7 @@ from batchpilot_triton import exposition
 PREFIX = "batchpilot"
 
 # The names as they appear on /metrics (counters with their `_total`), for the dashboard and the
-# alert rules (`batchpilot.observability`) as much as for the collectors below.
+# alert rules (`batchpilot_charts`) as much as for the collectors below.
 ACTIVE_PROFILE = f"{PREFIX}_active_profile"
 PROFILE_ROLE = f"{PREFIX}_profile_role"
 PROFILE_SWITCHES = f"{PREFIX}_profile_switches_total"

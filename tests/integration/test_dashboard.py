@@ -31,7 +31,7 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 import dashboard_plots
-from batchpilot import observability
+from batchpilot_charts import alerts, dashboards, queries
 from batchpilot_harness import demo_models, loadgen, local_triton
 from prometheus_fixtures import ScrapeTarget, StartPrometheus
 from triton_fixtures import TritonFactory
@@ -255,7 +255,7 @@ async def test_every_dashboard_panel_query_returns_data(
                     ScrapeTarget(
                         address=f"127.0.0.1:{sidecar_port}",
                         labels={
-                            "job": observability.SIDECAR_JOB,
+                            "job": queries.SIDECAR_JOB,
                             "namespace": "trading",
                             "pod": "triton-0",
                         },
@@ -263,7 +263,7 @@ async def test_every_dashboard_panel_query_returns_data(
                     ScrapeTarget(
                         address=f"127.0.0.1:{runner_port}",
                         labels={
-                            "job": observability.OPERATOR_JOB,
+                            "job": queries.OPERATOR_JOB,
                             "namespace": "batchpilot-system",
                             "pod": "batchpilot-operator-0",
                         },
@@ -281,10 +281,10 @@ async def test_every_dashboard_panel_query_returns_data(
 
     assert load.summary().failed == 0
     results: dict[str, list[list[Mapping[str, Any]]]] = {}
-    for panel in observability.PANELS:
+    for panel in dashboards.PANELS:
         results[panel.title] = []
         for query in panel.queries:
-            expr = observability.instantiate(query.expr, rate_interval="10s")
+            expr = dashboards.instantiate(query.expr, rate_interval="10s")
             data = prometheus_get(
                 prometheus.url,
                 "/api/v1/query_range",
@@ -311,7 +311,7 @@ async def test_every_dashboard_panel_query_returns_data(
 
     rules = prometheus_get(prometheus.url, "/api/v1/rules")["groups"]
     evaluated = {rule["name"]: rule for group in rules for rule in group["rules"]}
-    assert set(evaluated) == {alert.name for alert in observability.ALERTS}
+    assert set(evaluated) == {alert.name for alert in alerts.ALERTS}
     for name, rule in evaluated.items():
         assert rule["health"] == "ok", f"{name}: {rule.get('lastError')}"
     assert evaluated["BatchpilotOperatorDown"]["state"] == "inactive"

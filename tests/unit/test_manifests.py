@@ -1,8 +1,8 @@
 """The plain manifests: sample policies, the plain install and the example Triton Deployment.
 
-`manifests/install.yaml` and `manifests/rbac.yaml` are `helm template` output (`make chart`);
-e2e/test_chart.py checks that they are current and applies them to a real API server. These
-tests read them as a user's `kubectl apply -f` would, without helm.
+`manifests/install.yaml` and `manifests/rbac.yaml` are `helm template` output (`make generate`);
+tests/test_generated.py checks that they are current and e2e/test_chart.py applies them to a real
+API server. These tests read them as a user's `kubectl apply -f` would, without helm.
 """
 
 from __future__ import annotations

@@ -1,0 +1,239 @@
+"""The alerts: every rule, with what it means and what to check, in one table.
+
+Prometheus (the chart's PrometheusRule) and Grafana alerting both take their rules from `ALERTS`
+(`rendering` writes them in each one's format), so a threshold changes in one place and the two
+cannot disagree. `charts/batchpilot/tests/alerts_test.yaml` shows each rule firing and staying
+silent (`promtool test rules`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from batchpilot import telemetry
+from batchpilot.policy import specs
+from batchpilot_charts import queries
+
+Severity = Literal["critical", "warning", "info"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Alert:
+    name: str
+    expr: str
+    for_: str | None
+    """How long the expression must hold before the alert fires; None fires at once."""
+    severity: Severity
+    summary: str
+    description: str
+    runbook: tuple[str, ...]
+    """What to check, step by step."""
+
+    def runbook_text(self) -> str:
+        return "\n".join(f"{number}. {step}" for number, step in enumerate(self.runbook, 1))
+
+
+_ACTIVE = f"{telemetry.ACTIVE_PROFILE} == 1"
+_THROUGHPUT: specs.ProfileRole = "throughput"
+_SIGNALS_MISSING = f"{telemetry.SIGNALS_UNAVAILABLE} == 1"
+
+ALERTS: tuple[Alert, ...] = (
+    Alert(
+        name="BatchpilotSloBreached",
+        # A stale latency reading (signals missing) is that alert's business, not this one's.
+        # The profile label comes from the profile in force (topk: one, even if a replica that
+        # lost the lead still reports another).
+        expr=(
+            f"(\n  {queries.by_policy(queries.signal('p95LatencyMs'))} / 1000\n"
+            f"  > on (namespace, policy) {queries.by_policy(telemetry.SLO_P95_LATENCY)}\n"
+            f"  unless on (namespace, policy) {queries.by_policy(_SIGNALS_MISSING)}\n)\n"
+            f"* on (namespace, policy) group_left (profile) topk by (namespace, policy) (\n"
+            f"  1, max by (namespace, policy, profile) ({_ACTIVE})\n)"
+        ),
+        for_="10m",
+        severity="critical",
+        summary="{{ $labels.policy }} misses its p95 latency objective in {{ $labels.profile }}",
+        description=(
+            "The fleet of policy {{ $labels.policy }} has answered with a p95 latency of "
+            "{{ $value | humanizeDuration }} for 10 minutes, above spec.slo.p95LatencyMs, while "
+            "{{ $labels.profile }} (a profile the objective governs, typically interactive) is "
+            "in force."
+        ),
+        runbook=(
+            "`kubectl describe bp <policy>`: status.reason says why the profile is in force; a "
+            "True SignalsUnavailable condition puts the latency reading itself in doubt.",
+            "On the dashboard, compare the queue delay in force with the measured queue wait "
+            "and the request rate. With slo.autotune the delay follows the sidecar's "
+            "recommendation: `curl http://<pod-ip>:9400/status?sloP95Ms=<objective>` shows it "
+            "and the fitted step time.",
+            "A queue wait near zero with a high latency means the model is compute-bound: "
+            "scale the Triton Deployment, or lower the profile's maxBatchSize and "
+            "preferredBatchSizes.",
+            "For immediate relief, set spec.override to a lower-latency profile with an `until`.",
+        ),
+    ),
+    Alert(
+        name="BatchpilotApplyFailures",
+        # Controllers export these counters from zero, so `increase` sees the first failure.
+        expr=f"sum by (namespace, policy, reason) (increase({telemetry.APPLY_ERRORS}[15m])) > 0",
+        for_=None,
+        severity="warning",
+        summary="Applying a profile of {{ $labels.policy }} failed ({{ $labels.reason }})",
+        description=(
+            "batchpilot failed to apply a profile of policy {{ $labels.policy }} to a Triton "
+            "server in the last 15 minutes (reason {{ $labels.reason }}). A configuration "
+            "Triton rejects is rolled back to the previous one, so the server keeps serving."
+        ),
+        runbook=(
+            "`kubectl get events --field-selector reason=ApplyFailed` (and reason=RolledBack) "
+            "names the pod and quotes Triton's error.",
+            "explicit_mode_required: start tritonserver with --model-control-mode=explicit. "
+            "refused: the profile asks for more than the model allows (a maxBatchSize above "
+            "the model's own, preferred sizes above the cap); fix the profile. "
+            "rejected, RolledBack: Triton refused the configuration; its log says why. "
+            "rollback_failed: the model may be unloaded; check "
+            "`curl http://<pod-ip>:8000/v2/models/<model>/ready` and load it again.",
+            "batchpilot retries on every tick; the alert clears 15 minutes after the last failure.",
+        ),
+    ),
+    Alert(
+        name="BatchpilotProfileFlapping",
+        expr=f"sum by (namespace, policy) (increase({telemetry.PROFILE_SWITCHES}[1h])) > 6",
+        for_=None,
+        severity="warning",
+        summary="{{ $labels.policy }} switched profiles {{ $value | humanize }} times in an hour",
+        description=(
+            "Policy {{ $labels.policy }} switched profiles more than 6 times in the last hour. "
+            "Every switch reloads the model on every replica, which drains or stalls it."
+        ),
+        runbook=(
+            "The ProfileSwitched events (`kubectl get events --field-selector "
+            "reason=ProfileSwitched`) show which rule keeps flipping.",
+            "For a load rule, widen its hysteresis (a `below` well under `above`) and lengthen "
+            "its `for`.",
+            "Raise spec.minDwellSeconds: no switch happens before the profile in force has "
+            "lasted that long (overrides excepted).",
+        ),
+    ),
+    Alert(
+        name="BatchpilotTargetsFailed",
+        expr=(
+            "max by (namespace, policy, state) "
+            f'({telemetry.TARGETS}{{state=~"failed|unreachable"}}) > 0'
+        ),
+        for_="5m",
+        severity="warning",
+        summary="{{ $value }} targets of {{ $labels.policy }} are {{ $labels.state }}",
+        description=(
+            "{{ $value }} Triton servers governed by policy {{ $labels.policy }} have been "
+            "{{ $labels.state }} for 5 minutes and do not run the decided profile."
+        ),
+        runbook=(
+            "`kubectl describe bp <policy>`: the Degraded condition and status.targets name "
+            "each failing pod and its error.",
+            "unreachable: is the pod Running with an IP, and does Triton answer on the target "
+            "port (`curl http://<pod-ip>:8000/v2/health/ready`)? NetworkPolicies must let the "
+            "operator in.",
+            "failed: BatchpilotApplyFailures gives the reason.",
+        ),
+    ),
+    Alert(
+        name="BatchpilotTargetsDrifted",
+        expr=f'max by (namespace, policy) ({telemetry.TARGETS}{{state="pending"}}) > 0',
+        for_="15m",
+        severity="warning",
+        summary="{{ $value }} targets of {{ $labels.policy }} lag behind the decided profile",
+        description=(
+            "{{ $value }} Triton servers of policy {{ $labels.policy }} have not run the decided "
+            "profile for 15 minutes: the rollout halted after rollout.maxUnavailable failures "
+            "and left them on their previous configuration."
+        ),
+        runbook=(
+            "Fix the failing targets first (BatchpilotTargetsFailed): a rollout stops once "
+            "maxUnavailable replicas fail, and goes on at the next tick after they recover.",
+            "`kubectl describe bp <policy>`: the Progressing condition says RolloutPending and "
+            "status.targets lists the pending pods.",
+        ),
+    ),
+    Alert(
+        name="BatchpilotOperatorDown",
+        expr=f'absent(up{{job="{queries.OPERATOR_JOB}"}} == 1)',
+        for_="5m",
+        severity="critical",
+        summary="No batchpilot operator is up",
+        description=(
+            "Prometheus has scraped no running batchpilot operator "
+            f"(job {queries.OPERATOR_JOB}) for 5 minutes. Triton servers keep their "
+            "configuration, but no schedule, load rule or override takes effect and no drift is "
+            "repaired."
+        ),
+        runbook=(
+            "`kubectl -n batchpilot-system get pods,events`: crash loops, image pulls, scheduling.",
+            "`kubectl -n batchpilot-system logs deploy/batchpilot-operator`: API errors name a "
+            "missing permission or CRD.",
+            "If the operator runs but is not scraped: the ServiceMonitor must match the "
+            "metrics Service and be selected by your Prometheus (serviceMonitor.labels); "
+            f"other scrape setups must name the job {queries.OPERATOR_JOB}.",
+        ),
+    ),
+    Alert(
+        name="BatchpilotSignalsUnavailable",
+        expr=queries.by_policy(_SIGNALS_MISSING),
+        for_="10m",
+        severity="warning",
+        summary="{{ $labels.policy }} decides without its load signals",
+        description=(
+            "For 10 minutes the decisions of policy {{ $labels.policy }} have lacked a load "
+            "signal its rules need: the sidecars or Prometheus did not answer, or did not "
+            "measure it. Load rules keep their last state for a grace period, then the "
+            "schedule decides; SLO autotune keeps the last tuned delay."
+        ),
+        runbook=(
+            "`kubectl describe bp <policy>`: the SignalsUnavailable condition lists each "
+            "problem (which sidecar, which query).",
+            "spec.load.source sidecar: is the sidecar container running, and does "
+            "`curl http://<pod-ip>:9400/status` answer? It reports the health of each of its "
+            "sources (Triton's metrics, its statistics, the GPU).",
+            "spec.load.source prometheus: check spec.load.prometheus.url from the operator's "
+            "namespace.",
+            "p95LatencyMs needs tritonserver's --metrics-config summary_latencies=true.",
+        ),
+    ),
+    Alert(
+        name="BatchpilotGpuUnderusedInThroughput",
+        # Which profile trades latency for throughput is the policy's to say (its role, declared
+        # or implied by the longest queue delay), so no profile name is written here. The
+        # profile in force is chosen as for BatchpilotSloBreached, then kept only if the policy
+        # gives it the throughput role.
+        expr=(
+            f"(\n  {queries.by_policy(queries.signal('gpuUtilization'))} < 30\n)\n"
+            f"* on (namespace, policy) group_left (profile) (\n"
+            f"  topk by (namespace, policy) (1, max by (namespace, policy, profile) ({_ACTIVE}))\n"
+            f"  and on (namespace, policy, profile)\n"
+            f'  {telemetry.PROFILE_ROLE}{{role="{_THROUGHPUT}"}} == 1\n)'
+        ),
+        for_="30m",
+        severity="info",
+        summary=(
+            "{{ $labels.policy }} runs its throughput profile {{ $labels.profile }} with its "
+            "GPUs {{ $value | humanize }}% busy"
+        ),
+        description=(
+            "Policy {{ $labels.policy }} has been in {{ $labels.profile }}, a profile whose role "
+            "is throughput, for 30 minutes while its GPUs were less than 30% busy: requests wait "
+            "for big batches the load does not fill, paying latency for efficiency nobody needs."
+        ),
+        runbook=(
+            "Compare the request rate with the average batch size on the dashboard: at this "
+            "rate a shorter queue delay makes the same batches.",
+            "Enable spec.slo.autotune for that profile, or lower its maxQueueDelayMicroseconds.",
+            "If the schedule decides that profile, add a load rule that keeps a latency profile "
+            "while the rate is low.",
+            "The role comes from spec.profiles.<name>.role, else from the queue delay (the "
+            "profile with the strictly longest one is the throughput profile); controllers "
+            f"export it as {telemetry.PROFILE_ROLE}. Declare `role: latency` on a profile that "
+            "should not be held to this.",
+        ),
+    ),
+)
