@@ -133,8 +133,9 @@ def _add_plugin(
 ) -> None:
     if isinstance(plugin, Exception):
         unavailable = commands.add_parser(name, help="(not installed here)", add_help=False)
-        unavailable.add_argument("rest", nargs=argparse.REMAINDER)
-        unavailable.set_defaults(handler=lambda _, error=plugin: _unavailable(name, error))
+        unavailable.set_defaults(
+            handler=lambda _, error=plugin: _unavailable(name, error), any_arguments=True
+        )
         return
     parser = commands.add_parser(name, help=plugin.HELP, description=plugin.DESCRIPTION)
     plugin.add_arguments(parser)
@@ -265,7 +266,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    arguments = build_parser().parse_args(argv)
+    parser = build_parser()
+    arguments, unknown = parser.parse_known_args(argv)
+    if unknown and not getattr(arguments, "any_arguments", False):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         exit_code: int = arguments.handler(arguments)
     except documents.PolicyError as error:

@@ -1,0 +1,69 @@
+"""The distributions: the whole of batchpilot (pyproject.toml) and the sidecar's own
+(sidecar/pyproject.toml, what its image installs) agree, and the commands other packages add to
+`batchpilot` are there."""
+
+from __future__ import annotations
+
+import importlib
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def project(path: Path) -> dict[str, Any]:
+    document: dict[str, Any] = tomllib.loads(path.read_text(encoding="utf-8"))
+    return document
+
+
+ROOT = project(REPO / "pyproject.toml")
+SIDECAR = project(REPO / "sidecar" / "pyproject.toml")
+
+
+def test_the_sidecar_depends_on_nothing_the_whole_does_not_pin_alike() -> None:
+    assert set(SIDECAR["project"]["dependencies"]) <= set(ROOT["project"]["dependencies"])
+
+
+@pytest.mark.parametrize("name", ["kopf", "kubernetes", "prometheus-api-client", "pydantic"])
+def test_the_sidecar_image_carries_no_operator_library(name: str) -> None:
+    assert not any(d.startswith(name) for d in SIDECAR["project"]["dependencies"])
+
+
+def test_both_distributions_take_their_version_from_one_place() -> None:
+    for document in (ROOT, SIDECAR):
+        assert "version" in document["project"]["dynamic"]
+        assert document["tool"]["setuptools"]["dynamic"]["version"] == {
+            "attr": "batchpilot_triton.__version__"
+        }
+
+
+def test_the_sidecar_distribution_holds_the_sidecar_and_the_shared_layer_only() -> None:
+    found = SIDECAR["tool"]["setuptools"]["packages"]["find"]
+    assert found["include"] == ["batchpilot_sidecar*", "batchpilot_triton*"]
+
+
+@pytest.mark.parametrize(
+    ("command", "target"), sorted(ROOT["project"]["entry-points"]["batchpilot.commands"].items())
+)
+def test_every_added_command_offers_what_the_cli_asks_of_it(command: str, target: str) -> None:
+    module = importlib.import_module(target)
+    assert isinstance(module.HELP, str)
+    assert isinstance(module.DESCRIPTION, str)
+    assert callable(module.add_arguments)
+    assert callable(module.run)
+
+
+def test_a_command_whose_package_is_not_installed_says_so(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from importlib import metadata
+
+    from batchpilot import cli
+
+    absent = metadata.EntryPoint("demo", "batchpilot_not_installed.commands", cli.PLUGIN_GROUP)
+    monkeypatch.setattr(metadata, "entry_points", lambda group: [absent])
+    assert cli.main(["demo", "--short"]) == 2
+    assert "batchpilot demo: not part of this installation" in capsys.readouterr().err
