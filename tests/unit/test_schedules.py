@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import datetime
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
-from batchpilot.policy import schedules, specs
+import pytest
+
+from batchpilot.policy import calendars, documents, schedules, specs
 from builders import NEW_YORK, make_spec, market_hours, ny, utc, window
 
 
@@ -165,3 +172,33 @@ def test_no_windows_never_change() -> None:
 
 def test_zone_is_the_iana_zone() -> None:
     assert schedule_of(**market_hours()).zone == NEW_YORK
+
+
+def test_the_policy_core_loads_exchange_calendars_only_for_a_policy_that_names_one() -> None:
+    # The runner must start where exchange-calendars (and pandas) are not installed.
+    script = (
+        "import sys\n"
+        "from batchpilot import running\n"
+        "from builders import make_spec, market_hours\n"
+        "make_spec(schedule=market_hours())\n"
+        "assert 'exchange_calendars' not in sys.modules and 'pandas' not in sys.modules\n"
+        "make_spec(schedule=market_hours(calendar='XNYS'))\n"
+        "assert 'exchange_calendars' in sys.modules\n"
+    )
+    tests = Path(__file__).resolve().parents[1]
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests), *sys.path])}
+    subprocess.run([sys.executable, "-c", script], env=environment, check=True, timeout=30)
+
+
+def test_a_calendar_without_its_library_is_a_validation_error_that_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def unavailable(name: str) -> bool:
+        raise calendars.CalendarsUnavailable("exchange calendars need the exchange-calendars ...")
+
+    monkeypatch.setattr(calendars, "is_known", unavailable)
+    with pytest.raises(
+        documents.PolicyError,
+        match=re.escape("spec.schedule.calendar: calendar 'XNYS': exchange calendars need the"),
+    ):
+        schedule_of(**market_hours(calendar="XNYS"))

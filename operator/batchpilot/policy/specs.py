@@ -287,7 +287,13 @@ class Schedule(Model):
     @pydantic.field_validator("calendar")
     @classmethod
     def _known_calendar(cls, name: str | None) -> str | None:
-        if name is not None and not calendars.is_known(name):
+        if name is None:
+            return name
+        try:
+            known = calendars.is_known(name)
+        except calendars.CalendarsUnavailable as error:
+            raise ValueError(f"calendar {name!r}: {error}") from None
+        if not known:
             raise ValueError(f"unknown exchange calendar {name!r} (for example XNYS, XLON)")
         return name
 
