@@ -1,24 +1,42 @@
-"""torch_mlp: a real, small model (MLP 256 -> 1024 -> 1024 -> 16) run with torch on the CPU.
+"""torch_mlp: a real, small model (an MLP, by default 256 -> 1024 -> 1024 -> 16) run with torch.
 
 Weights come from a fixed seed, so every instance and every run computes the same function. Each
 instance uses one thread, as a GPU stream would be one queue; the forward pass holds the server's
 emulated device (see emulated_device.py) so that device time compares with gpu_sim's.
+
+Three optional config parameters let the same code run on a GPU and be big enough to keep one
+busy (`make gpu-check` sets them; without them it is the CPU model the benchmarks measure):
+`device` (`cpu`, `cuda` or `cuda:N`), `hidden_width` and `hidden_layers`. The weights are drawn on
+the CPU from the seed and then moved, so a given shape computes the same function on every device.
 """
 
 import itertools
+import json
 
 import emulated_device
 import torch
 import triton_python_backend_utils as pb_utils
 
-LAYER_WIDTHS = (256, 1024, 1024, 16)
+INPUT_WIDTH = 256
+OUTPUT_WIDTH = 16
 SEED = 20241122
+DEFAULTS = {"device": "cpu", "hidden_width": "1024", "hidden_layers": "2"}
 
 
-def build_network():
+def parameters(model_config):
+    """The model's settings: DEFAULTS, overridden by the config's `parameters`."""
+    given = model_config.get("parameters", {})
+    return {
+        key: given[key]["string_value"] if key in given else default
+        for key, default in DEFAULTS.items()
+    }
+
+
+def build_network(*, hidden_width=1024, hidden_layers=2):
     generator = torch.Generator().manual_seed(SEED)
+    widths = (INPUT_WIDTH, *([hidden_width] * hidden_layers), OUTPUT_WIDTH)
     layers = []
-    for width_in, width_out in itertools.pairwise(LAYER_WIDTHS):
+    for width_in, width_out in itertools.pairwise(widths):
         linear = torch.nn.Linear(width_in, width_out)
         bound = width_in**-0.5
         with torch.no_grad():
@@ -31,9 +49,20 @@ def build_network():
 
 class TritonPythonModel:
     def initialize(self, args):
+        settings = parameters(json.loads(args["model_config"]))
+        self._torch_device = torch.device(settings["device"])
+        if self._torch_device.type == "cuda" and not torch.cuda.is_available():
+            raise pb_utils.TritonModelException(
+                f"torch_mlp: device {settings['device']!r} asked for, but torch sees no CUDA "
+                f"device (torch {torch.__version__}, built for CUDA {torch.version.cuda})"
+            )
         torch.set_num_threads(1)
         torch.set_num_interop_threads(1)
-        self._network = build_network()
+        network = build_network(
+            hidden_width=int(settings["hidden_width"]),
+            hidden_layers=int(settings["hidden_layers"]),
+        )
+        self._network = network.to(self._torch_device)
         self._device = emulated_device.EmulatedDevice(
             model_name=args["model_name"],
             model_version=args["model_version"],
@@ -47,7 +76,9 @@ class TritonPythonModel:
         ]
         sizes = [len(x) for x in inputs]
         with self._device.occupied(batch_size=sum(sizes)), torch.inference_mode():
-            outputs = self._network(torch.cat(inputs)).split(sizes)
+            batch = torch.cat(inputs).to(self._torch_device)
+            # Back on the CPU before the device is released: on a GPU this waits for the kernels.
+            outputs = self._network(batch).cpu().split(sizes)
         return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", y.numpy())]) for y in outputs]
 
     def finalize(self):
