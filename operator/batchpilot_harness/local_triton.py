@@ -308,6 +308,7 @@ class LocalTriton:
         run_directory: Path | None = None,
         log_to_console: bool = False,
         extra_arguments: Sequence[str] = (),
+        environment: Mapping[str, str] | None = None,
         distribution: TritonDistribution | None = None,
     ) -> None:
         self.model_repository = model_repository.resolve()
@@ -316,6 +317,8 @@ class LocalTriton:
         self.explicit_model_control = explicit_model_control
         self.exit_timeout_seconds = exit_timeout_seconds
         self.extra_arguments = tuple(extra_arguments)
+        self.environment = dict(environment or {})
+        """Variables set for the server on top of ours (CUDA_VISIBLE_DEVICES, for one)."""
         self._requested_ports = (http_port, grpc_port, metrics_port)
         self._requested_run_directory = run_directory
         self._log_to_console = log_to_console
@@ -356,7 +359,9 @@ class LocalTriton:
 
         command = self.command(distribution=distribution, backend_directory=backend_directory)
         environment = server_environment(
-            distribution, base=os.environ, device_lock=self._run_directory / "device.lock"
+            distribution,
+            base={**os.environ, **self.environment},
+            device_lock=self._run_directory / "device.lock",
         )
         self._started_at = time.monotonic()
         if self._log_to_console:
