@@ -145,7 +145,7 @@ class DeviceReport:
     uuid: str | None = None
     name: str | None = None
     utilization: float | None = None
-    """Percent busy over NVML's last sample period."""
+    """Fraction (0 to 1) of NVML's last sample period during which a kernel ran."""
     memory_used_bytes: float | None = None
     memory_total_bytes: float | None = None
     memory_free_bytes: float | None = None
