@@ -349,7 +349,8 @@ class LocalTriton:
             self._run_directory = Path(tempfile.mkdtemp(prefix="batchpilot-triton-"))
             self._owns_run_directory = True
         else:
-            self._run_directory = self._requested_run_directory
+            # Absolute: the server runs in it, and the device lock is named from it.
+            self._run_directory = self._requested_run_directory.resolve()
             self._run_directory.mkdir(parents=True, exist_ok=True)
         if self._ports is None:
             wanted = self._requested_ports

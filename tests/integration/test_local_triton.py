@@ -165,3 +165,24 @@ def test_command_line_serves_until_sigterm_then_stops_everything(tmp_path: Path)
     assert status == 0, output.read_text()
     assert server_pid in members
     assert alive(members) == []
+
+
+def test_a_relative_run_directory_serves_models_that_use_the_device_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The server runs in its run directory, so a lock path relative to ours would not exist there.
+    monkeypatch.chdir(tmp_path)
+    server = local_triton.LocalTriton(
+        model_repository=demo_models.MODEL_REPOSITORY,
+        models=[demo_models.GPU_SIM],
+        run_directory=Path("relative") / "run",
+        environment={"BATCHPILOT_PROBE": "1"},
+    )
+    with server:
+        assert server.run_directory == tmp_path / "relative" / "run"
+        infer_gpu_sim(server, np.zeros((1, 16), dtype=np.float32))
+        environment = Path(f"/proc/{server.pid}/environ").read_bytes().split(b"\0")
+    assert b"BATCHPILOT_PROBE=1" in environment
+    assert f"{local_triton.DEVICE_LOCK_ENV}={tmp_path}/relative/run/device.lock".encode() in (
+        environment
+    )
