@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: venv deps lint unit integration e2e e2e-kind kind-down test demo generate helm-lint dashboard-png bench bench-short
+.PHONY: venv deps lint unit integration e2e e2e-kind kind-down test demo generate helm-lint dashboard-png bench bench-short gpu-check gpu-wheels
 
 # The main job: a local Triton, the demo model, a policy and load; watch it switch.
 demo: venv
@@ -71,6 +71,26 @@ bench: venv k8s-bins
 # Their short modes, as CI runs them: figures printed, nothing about speed asserted.
 bench-short: venv k8s-bins
 	$(PY) -m pytest tests/benchmarks -m benchmark -s
+
+# On a machine with an NVIDIA GPU (not part of `make test`): tritonserver serving torch_mlp on CUDA,
+# the sidecar reading NVML, the standalone runner switching profiles under load; prints NVML next
+# to nvidia-smi, the step-time fit, reloads with failures and p99, device-seconds per 1,000
+# requests per profile; exits 3 without a GPU. It runs from the working tree and .gpu-wheels/
+# (make gpu-wheels), with this checkout's .venv or else the machine's python3, and installs what
+# that lacks from the wheels into .gpu-site/, never from a registry. GPU_CHECK_ARGS=--device=cpu
+# runs the same pipeline on the CPU; `python -m batchpilot_harness.gpuchecks run --help` for more.
+GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
+GPU_CHECK_ARGS ?=
+gpu-check:
+	PYTHONPATH=$(CURDIR)/operator:$(CURDIR)/sidecar $(GPU_PYTHON) -m batchpilot_harness.gpuchecks run $(GPU_CHECK_ARGS)
+
+# The wheels gpu-check needs beyond what the lent GPU machines have (torch, numpy, nvidia-ml-py,
+# prometheus-client, aiohttp, pyyaml), at this virtualenv's versions, for CPython
+# $(GPU_WHEELS_PYTHON) on manylinux x86_64, into .gpu-wheels/ (ignored); prints their sizes and
+# fails above 60 MiB.
+GPU_WHEELS_PYTHON ?= 3.11
+gpu-wheels: venv
+	PYTHONPATH=$(CURDIR)/operator:$(CURDIR)/sidecar $(PY) -m batchpilot_harness.gpuchecks wheels --dest .gpu-wheels --python $(GPU_WHEELS_PYTHON)
 
 # Against a real API server: the local control plane (started and stopped by the suite), or the
 # cluster $$KUBECONFIG names if it is a test cluster.
