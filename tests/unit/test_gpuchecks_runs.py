@@ -121,6 +121,7 @@ def test_the_report_shows_the_readings_the_fit_the_switches_and_the_device_cost(
         "  t0 0.810 ms, c 0.052 ms, alpha 0.93, R^2 0.994, RMSE 0.021 ms (5 batch sizes 1-16, "
         "120 observations, 4000 executions)"
     ) in text
+    assert "Before the load: interactive, reload 2.50 s, 2.00 s from asking to serving." in text
     switch_line = next(line for line in text.splitlines() if line.startswith("  bulk "))
     assert switch_line.split()[:4] == ["bulk", "1.40", "1.50", "250"]
     rows = {line.split()[0]: line.split() for line in text.splitlines()[-8:] if line[:3] == "  i"}

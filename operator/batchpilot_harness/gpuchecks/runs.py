@@ -308,7 +308,8 @@ async def _measure(
     )
     seen = _Observed()
     try:
-        async with aiohttp.ClientSession() as session:
+        timeout = aiohttp.ClientTimeout(total=10)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
             sidecar = _Sidecar(session, sidecar_url)
             initial = await _switch(runner, base, plan.profiles[0], previous=None, clock=clock)
             out(f"Applied {initial.profile} before the load ({_reloads(initial)})")
@@ -336,6 +337,8 @@ async def _measure(
                 await sampler
                 if not load.done():
                     load.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await load
             ended = clock()
             seen.snapshots.append(await _snapshot(server, clock))
             final = await sidecar.status()
@@ -366,7 +369,7 @@ async def _sample(
     while not stop.is_set():
         try:
             status = await sidecar.status()
-        except (aiohttp.ClientError, ValueError) as error:
+        except (aiohttp.ClientError, TimeoutError, ValueError) as error:
             seen.samples.append(accounting.Sample(at=clock(), utilization=None))
             print(f"  (the sidecar's /status could not be read: {error})", file=sys.stderr)
         else:
@@ -502,6 +505,7 @@ def render(findings: Findings) -> str:
             lines.append(f"  nvidia-smi: {comparison.smi_problem}")
         lines += [devices.render(comparison.gpus), ""]
     lines += [_step_time(findings.step_time), ""]
+    lines.append(f"Before the load: {findings.initial.profile}, {_reloads(findings.initial)}.")
     lines.append("Switches under load (the runner's applies; requests sent from the ask until")
     lines.append(f"{accounting.SWITCH_TAIL_SECONDS:g} s after the reload):")
     lines.append(
