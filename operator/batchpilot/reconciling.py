@@ -17,6 +17,7 @@ Between passes it keeps only `PolicyMemory`: the decision engine's memory, the s
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import datetime
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -26,11 +27,12 @@ from typing import Any, Protocol
 from batchpilot import reporting, telemetry
 from batchpilot.applying import rollouts
 from batchpilot.applying.replicas import Replica
-from batchpilot.policy import decisions, documents, specs, statuses
+from batchpilot.policy import decisions, documents, leads, specs, statuses
 from batchpilot.signals import sources
 from batchpilot_triton import servers
 
 SIGNAL_TIMEOUT_SECONDS = 5.0
+WAVES_REMEMBERED = 5
 
 
 class ReplicaSource(Protocol):
@@ -66,6 +68,15 @@ class PolicyMemory:
     source_key: tuple[str, ...] = ()
     announced: dict[str, str] = field(default_factory=dict)
     """Last message per standing problem, so it is reported once, not every tick."""
+    wave_seconds: collections.deque[float] = field(
+        default_factory=lambda: collections.deque(maxlen=WAVES_REMEMBERED)
+    )
+    """How long one wave took in the policy's recent rollouts."""
+
+    @property
+    def measured_wave_seconds(self) -> float | None:
+        """The longest recent wave: leads are better early than late."""
+        return max(self.wave_seconds, default=None)
 
     def announce(self, notices: Sequence[reporting.Notice]) -> tuple[reporting.Event, ...]:
         """The events to post: every plain one, and standing problems that began or changed."""
@@ -81,11 +92,22 @@ class PolicyMemory:
         return tuple(posted)
 
     def resume(self, previous: statuses.BatchPolicyStatus, policy: specs.BatchPolicySpec) -> None:
-        """A restarted operator carries on from the status: no switch, dwell respected."""
+        """A restarted operator carries on from the status: no switch, dwell respected, the
+        rollouts it measured remembered."""
         if self.memory.profile is None and previous.active_profile in policy.profiles:
             self.memory = decisions.Memory(
                 profile=previous.active_profile, since=previous.last_transition_time
             )
+        if not self.wave_seconds and previous.measured_wave_seconds is not None:
+            self.wave_seconds.append(previous.measured_wave_seconds)
+
+    def remember_rollout(self, result: rollouts.Result, max_unavailable: int) -> None:
+        switched = sum(outcome.reloads > 0 for outcome in result.outcomes)
+        seconds = leads.wave_seconds(
+            result.seconds, switched=switched, max_unavailable=max_unavailable
+        )
+        if seconds is not None and not result.halted:
+            self.wave_seconds.append(seconds)
 
     async def close_source(self) -> None:
         if self.source is not None:
@@ -112,6 +134,15 @@ class _Observed:
     skipped: list[str]
     survey: rollouts.Survey
     reading: sources.Reading
+    lead: leads.Lead
+
+
+def _wake_at(decision: decisions.Decision | None) -> datetime.datetime | None:
+    """When the next scheduled change is decided: at its rollout start, which a lead makes
+    earlier than the boundary."""
+    if decision is None:
+        return None
+    return decision.rollout_starts or decision.next_transition
 
 
 def _now() -> datetime.datetime:
@@ -169,9 +200,13 @@ class Reconciler:
         state.resume(previous, policy)
 
         observed = await self._observe(namespace, name, policy, state)
-        decision = decisions.decide(policy, now, observed.reading.signals, state.memory)
+        decision = decisions.decide(
+            policy, now, observed.reading.signals, state.memory, lead=observed.lead.lead
+        )
         previous_profile, state.memory = state.memory.profile, decision.memory
         result = await self._act(namespace, policy, decision, observed)
+        if result is not None:
+            state.remember_rollout(result, policy.rollout.max_unavailable)
 
         found = dataclasses.replace(
             found,
@@ -182,6 +217,8 @@ class Reconciler:
             replicas=observed.replicas,
             skipped=observed.skipped,
             result=result,
+            lead=observed.lead,
+            measured_wave_seconds=state.measured_wave_seconds,
             signal_problems=(
                 *observed.reading.problems,
                 *reporting.missing_signals(policy, observed.reading.signals.metrics),
@@ -198,7 +235,10 @@ class Reconciler:
             rollouts.survey(replicas, policy.target.models, self.fleet),
             self._signals(namespace, policy, replicas, state),
         )
-        return _Observed(replicas, skipped, survey, reading)
+        lead = leads.lead_for(
+            policy, replicas=len(replicas), wave_seconds=state.measured_wave_seconds
+        )
+        return _Observed(replicas, skipped, survey, reading, lead)
 
     async def _act(
         self,
@@ -219,9 +259,12 @@ class Reconciler:
             rollout=policy.rollout,
             settle_seconds=self.settle_seconds,
         )
-        return await rollouts.roll_out(
+        # Timed by the policy's clock, which decisions and leads are in.
+        started = self.clock()
+        result = await rollouts.roll_out(
             observed.replicas, observed.survey, plan, self.fleet, self.gates
         )
+        return dataclasses.replace(result, seconds=(self.clock() - started).total_seconds())
 
     def _report(
         self,
@@ -239,6 +282,7 @@ class Reconciler:
                 found.decision,
                 signals=reading.signals.metrics if reading else {},
                 signals_missing=bool(found.signal_problems),
+                lead_seconds=found.lead.lead.total_seconds() if found.lead else None,
             )
         if found.result is not None and not found.result.dry_run:
             telemetry.record_rollout(self.metrics, name, found.result)
@@ -246,7 +290,7 @@ class Reconciler:
             at=found.now,
             status=reporting.status(found, previous),
             events=state.announce(reporting.notices(found)),
-            wake_at=found.decision.next_transition if found.decision else None,
+            wake_at=_wake_at(found.decision),
             decision=found.decision,
             rollout=found.result,
             reading=reading or sources.Reading(decisions.Signals()),

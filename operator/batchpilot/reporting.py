@@ -17,7 +17,7 @@ import pydantic
 
 from batchpilot.applying import rollouts
 from batchpilot.applying.replicas import Replica
-from batchpilot.policy import decisions, specs, statuses
+from batchpilot.policy import decisions, durations, leads, specs, statuses
 
 MAX_TARGET_DETAILS = 64
 
@@ -59,6 +59,8 @@ class Findings:
     """What the rollout did (or, in a dry run, would have left alone)."""
     signal_problems: tuple[str, ...] = ()
     """Why load signals the policy needs are missing."""
+    lead: leads.Lead | None = None
+    measured_wave_seconds: float | None = None
 
 
 def previous_status(status: Mapping[str, Any]) -> statuses.BatchPolicyStatus:
@@ -98,6 +100,7 @@ def _invalid(
         "Progressing": (False, "InvalidSpec", ""),
         "Degraded": (False, "InvalidSpec", ""),
         "SignalsUnavailable": (False, "InvalidSpec", ""),
+        "LeadTimeInsufficient": (False, "InvalidSpec", ""),
     }
     decision = findings.decision
     return previous.model_copy(
@@ -124,6 +127,7 @@ def _decided(
         "Degraded": degraded(details),
         "InvalidSpec": (False, "Valid", ""),
         "SignalsUnavailable": signals_unavailable(findings.signal_problems),
+        "LeadTimeInsufficient": lead_time_insufficient(policy, findings.lead),
     }
     return statuses.BatchPolicyStatus(
         active_profile=decision.profile,
@@ -135,6 +139,13 @@ def _decided(
             else previous.last_transition_time or decision.memory.since
         ),
         next_transition_time=decision.next_transition,
+        planned_rollout_start=decision.rollout_starts,
+        lead_time_seconds=findings.lead.lead.total_seconds() if findings.lead else None,
+        measured_wave_seconds=(
+            round(findings.measured_wave_seconds, 3)
+            if findings.measured_wave_seconds is not None
+            else None
+        ),
         targets=counts,
         target_details=details[:MAX_TARGET_DETAILS],
         conditions=conditions(wanted, findings, previous),
@@ -227,6 +238,20 @@ def signals_unavailable(problems: Sequence[str]) -> Wanted:
     )
 
 
+def lead_time_insufficient(policy: specs.BatchPolicySpec, lead: leads.Lead | None) -> Wanted:
+    if lead is None or lead.sufficient:
+        return False, "LeadTimeSufficient", ""
+    late = lead.expected_rollout - lead.lead
+    return (
+        True,
+        "FleetTooLargeForLead",
+        f"rolling out takes {lead.describe()}, longer than schedule.leadTime "
+        f"{durations.format_duration(lead.lead.total_seconds())}: the last replicas switch up "
+        f"to {durations.format_duration(late.total_seconds())} after a boundary; raise leadTime, "
+        f"set it to auto, or raise rollout.maxUnavailable",
+    )
+
+
 def conditions(
     wanted: Mapping[str, Wanted], findings: Findings, previous: statuses.BatchPolicyStatus
 ) -> list[statuses.Condition]:
@@ -266,6 +291,10 @@ def notices(findings: Findings) -> list[Notice]:
         reason = "DryRunDecision" if policy.dry_run else "ProfileSwitched"
         switch = f"{findings.previous_profile or '(none)'} -> {decision.profile}: {decision.reason}"
         found.insert(0, Notice(Event("Normal", reason, switch)))
+    if policy is not None and not findings.problems:
+        holds, _, message = lead_time_insufficient(policy, findings.lead)
+        event = Event("Warning", "LeadTimeInsufficient", message) if holds else None
+        found.append(Notice(event, key="LeadTimeInsufficient"))
     if findings.result is not None:
         found.extend(target_notice(outcome) for outcome in findings.result.outcomes)
         rolled_out = rolled_out_event(findings.result)

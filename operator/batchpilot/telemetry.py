@@ -34,6 +34,10 @@ SIGNALS_UNAVAILABLE = f"{PREFIX}_signals_unavailable"
 SLO_P95_LATENCY = f"{PREFIX}_slo_p95_latency_seconds"
 QUEUE_DELAY = f"{PREFIX}_queue_delay_microseconds"
 NEXT_TRANSITION = f"{PREFIX}_next_transition_timestamp_seconds"
+ROLLOUT_START = f"{PREFIX}_rollout_start_timestamp_seconds"
+LEAD_TIME = f"{PREFIX}_lead_time_seconds"
+GUARD_ACTIONS = f"{PREFIX}_slo_guard_actions_total"
+GUARD_ACTIONS_BY = typing.get_args(decisions.GuardAction)
 
 APPLY_ERRORS_BY = typing.get_args(rollouts.ApplyError)
 """The reasons failed applies are counted by, the operator's and the runner's alike."""
@@ -63,6 +67,9 @@ class ControllerMetrics:
     slo_p95: Gauge
     queue_delay: Gauge
     next_transition: Gauge
+    rollout_start: Gauge
+    lead_time: Gauge
+    guard_actions: Counter
 
 
 def controller_metrics(registry: CollectorRegistry | None = None) -> ControllerMetrics:
@@ -145,6 +152,25 @@ def controller_metrics(registry: CollectorRegistry | None = None) -> ControllerM
             ["policy"],
             registry=registry,
         ),
+        rollout_start=Gauge(
+            ROLLOUT_START,
+            "When the next scheduled change starts rolling out (Unix time): the lead time "
+            "before the boundary for a change into a latency profile; 0 when none is due.",
+            ["policy"],
+            registry=registry,
+        ),
+        lead_time=Gauge(
+            LEAD_TIME,
+            "The lead time in force (schedule.leadTime, with auto resolved), in seconds.",
+            ["policy"],
+            registry=registry,
+        ),
+        guard_actions=Counter(
+            GUARD_ACTIONS,
+            "SLO guard changes of the queue delay: lowered on a p95 breach, restored after it.",
+            ["policy", "action"],
+            registry=registry,
+        ),
     )
 
 
@@ -155,6 +181,8 @@ def count_from_zero(metrics: ControllerMetrics, policy: str, *, profiles: Iterab
         metrics.switches.labels(policy, profile)
     for reason in APPLY_ERRORS_BY:
         metrics.apply_errors.labels(policy, reason)
+    for action in GUARD_ACTIONS_BY:
+        metrics.guard_actions.labels(policy, action)
 
 
 def record_decision(
@@ -165,6 +193,7 @@ def record_decision(
     *,
     signals: Mapping[str, float],
     signals_missing: bool,
+    lead_seconds: float | None = None,
 ) -> None:
     """What a decision exports: the profile in force and why, its settings, what it saw."""
     count_from_zero(metrics, policy, profiles=spec.profiles)
@@ -177,6 +206,12 @@ def record_decision(
     metrics.queue_delay.labels(policy).set(delay)
     upcoming = decision.next_transition
     metrics.next_transition.labels(policy).set(upcoming.timestamp() if upcoming else 0)
+    starts = decision.rollout_starts
+    metrics.rollout_start.labels(policy).set(starts.timestamp() if starts else 0)
+    if lead_seconds is not None:
+        metrics.lead_time.labels(policy).set(lead_seconds)
+    if decision.guard is not None:
+        metrics.guard_actions.labels(policy, decision.guard).inc()
     for metric, value in signals.items():
         metrics.signal.labels(policy, metric).set(value)
     metrics.signals_unavailable.labels(policy).set(signals_missing)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 from typing import Any
 
@@ -12,7 +13,7 @@ from batchpilot import reconciling, telemetry
 from batchpilot.applying.replicas import Replica
 from batchpilot.policy import decisions, specs
 from batchpilot.signals import sources
-from builders import spec_document, utc
+from builders import market_hours, ny, spec_document, utc
 
 NOW = utc(2026, 11, 24, 15)
 
@@ -280,3 +281,61 @@ async def test_a_new_signal_source_for_a_changed_objective_closes_the_old_one() 
     assert [source.closed for source in built] == [True, False]
     await state.close_source()
     assert built[1].closed
+
+
+@pytest.mark.looptime
+async def test_the_engine_wakes_for_the_rollout_start_a_lead_before_the_boundary() -> None:
+    targets, fleet = two_servers()
+    spec = spec_document(schedule=market_hours(leadTime="90s"))
+    before_open = ny(2026, 11, 24, 9, 20)
+    outcome = await reconcile(reconciler(targets, fleet, now=before_open), spec)
+    assert outcome.status["nextTransitionTime"] == "2026-11-24T14:30:00Z"
+    assert outcome.status["plannedRolloutStart"] == "2026-11-24T14:28:30Z"
+    assert outcome.status["leadTimeSeconds"] == 90
+    assert outcome.wake_at == ny(2026, 11, 24, 9, 28, 30)
+
+
+@pytest.mark.looptime
+async def test_a_fleet_too_large_for_a_fixed_lead_is_reported_once() -> None:
+    targets, fleet = two_servers()
+    spec = spec_document(schedule=market_hours(leadTime="5s"))
+    subject = reconciler(targets, fleet, now=ny(2026, 11, 24, 9, 20))
+    state = reconciling.PolicyMemory()
+    first = await reconcile(subject, spec, state=state)
+    insufficient = conditions(first.status)["LeadTimeInsufficient"]
+    assert insufficient == ("True", "FleetTooLargeForLead")
+    warnings = [e.message for e in first.events if e.reason == "LeadTimeInsufficient"]
+    assert warnings == [
+        "rolling out takes 2 waves of 10.0s (assumed until one is measured), about 20s, longer "
+        "than schedule.leadTime 5s: the last replicas switch up to 15s after a boundary; raise "
+        "leadTime, set it to auto, or raise rollout.maxUnavailable"
+    ]
+    second = await reconcile(subject, spec, status=first.status, state=state)
+    assert not any(e.reason == "LeadTimeInsufficient" for e in second.events)
+
+
+@pytest.mark.looptime
+async def test_a_measured_rollout_sets_the_auto_lead_and_survives_a_restart() -> None:
+    targets, fleet = two_servers()
+    fleet.apply_seconds = 3.0
+    clock = Clock(ny(2026, 11, 24, 9, 20))
+    subject = reconciler(targets, fleet)
+    subject.clock = clock
+    state = reconciling.PolicyMemory()
+    first = await reconcile(subject, spec_document(schedule=market_hours()), state=state)
+    assert first.status["measuredWaveSeconds"] == pytest.approx(3.0, abs=0.1)
+    restarted = reconciling.PolicyMemory()
+    again = await reconcile(
+        subject, spec_document(schedule=market_hours()), status=first.status, state=restarted
+    )
+    assert again.status["leadTimeSeconds"] == pytest.approx(2 * 3.0 * 1.25 + 2, abs=0.3)
+
+
+class Clock:
+    """The policy's clock, moving with the event loop's (fake) time."""
+
+    def __init__(self, start: datetime.datetime) -> None:
+        self.start = start
+
+    def __call__(self) -> datetime.datetime:
+        return self.start + datetime.timedelta(seconds=asyncio.get_running_loop().time())

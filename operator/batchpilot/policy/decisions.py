@@ -7,18 +7,32 @@ previous call's memory handed back in, so every decision can be replayed and tes
 Precedence: an unexpired override, then the first load rule that holds, then the first schedule
 window that covers the instant, then `defaultProfile`. A switch waits until the current profile
 has been active for `minDwellSeconds`, except a switch an override demands.
+
+Lead time: a scheduled change from a throughput profile into a latency profile is decided `lead`
+before its boundary, so that the rollout is over and the latency profile in force at the
+boundary itself. Leaving a latency profile is never early. Instants are compared in UTC, so a
+lead is the same length across a clock change.
+
+SLO guard: while a profile the objective governs is in force and the measured p95 is above it,
+the queue delay is halved at once, at most once per `guardIntervalSeconds`, and returns to the
+profile's (or autotune's) once the p95 has stayed within the objective that long.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from batchpilot.policy import calendars, loads, rendering, schedules, specs
+from batchpilot.policy import calendars, durations, loads, rendering, schedules, specs
 
 Source = Literal["override", "load", "schedule", "default"]
+GuardAction = Literal["lowered", "restored"]
+NO_LEAD = datetime.timedelta(0)
+GUARD_FACTOR = 0.5
+"""A breach halves the queue delay in force."""
 RECOMMENDED_QUEUE_DELAY = "recommendedQueueDelayMicroseconds"
 """Signal name of the sidecar's queue-delay recommendation, used by SLO autotune."""
 AUTOTUNE_RELATIVE_CHANGE = 0.25
@@ -47,6 +61,20 @@ class Memory:
     """Load-rule states by `loads.rule_key`."""
     tuned_delay_microseconds: int | None = None
     """The queue delay SLO autotune keeps in force for `profile`; None when it sets none."""
+    guard: Guard | None = None
+    """The SLO guard's state while it holds the queue delay down."""
+
+
+@dataclass(frozen=True)
+class Guard:
+    """The SLO guard holding the queue delay down."""
+
+    delay_microseconds: int
+    """The delay the guard keeps in force."""
+    changed_at: datetime.datetime
+    """When it last lowered the delay."""
+    within_since: datetime.datetime | None = None
+    """Since when the p95 has been within the objective again."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +92,11 @@ class Decision:
     memory: Memory
     switched: bool
     """Whether `profile` differs from the previous decision's."""
+    rollout_starts: datetime.datetime | None = None
+    """When the next scheduled change is decided: `next_transition`, or `lead` before it for a
+    change that starts early."""
+    guard: GuardAction | None = None
+    """What the SLO guard did in this decision, if anything."""
 
 
 @dataclass(frozen=True)
@@ -78,14 +111,17 @@ def decide(
     now: datetime.datetime,
     signals: Signals,
     memory: Memory,
+    *,
+    lead: datetime.timedelta = NO_LEAD,
 ) -> Decision:
-    """Decide the profile for instant `now` (an aware datetime)."""
+    """Decide the profile for instant `now` (an aware datetime), starting a scheduled change
+    into a latency profile `lead` before its boundary."""
     if now.tzinfo is None:
         raise ValueError("decide() needs an aware datetime; naive times are ambiguous")
     now = now.astimezone(datetime.UTC)  # same-zone datetimes compare by wall clock
 
     rule_states, load_wish, pending = _evaluate_load_rules(spec, now, signals, memory)
-    wish = _override_wish(spec, now) or load_wish or _schedule_wish(spec, now)
+    wish = _override_wish(spec, now) or load_wish or _schedule_wish(spec, now, lead)
     if pending:
         wish = _Wish(wish.profile, wish.source, f"{wish.reason} ({'; '.join(pending)})")
 
@@ -99,6 +135,7 @@ def decide(
         and dwell_ends is not None
         and now < dwell_ends
     )
+    rollout_starts: datetime.datetime | None
     if held:
         assert current is not None
         assert dwell_ends is not None
@@ -108,10 +145,11 @@ def decide(
             f"{spec.min_dwell_seconds}), then {wish.profile}: {wish.reason}"
         )
         next_transition: datetime.datetime | None = dwell_ends
+        rollout_starts = dwell_ends
     else:
         profile = wish.profile
         reason = wish.reason
-        next_transition = _next_transition(spec, now, wish)
+        next_transition, rollout_starts = _next_transition(spec, now, wish, lead)
 
     switched = profile != memory.profile
     since = now if switched else memory.since
@@ -119,9 +157,15 @@ def decide(
     settings, tuned = _settings(
         spec, profile, signals, None if switched else memory.tuned_delay_microseconds
     )
+    settings, guard, guarded = _guarded(
+        spec, profile, signals, now, settings, None if switched else memory.guard
+    )
+    if guarded is not None:
+        reason = f"{reason}; {guarded}"
     if next_transition is not None and since is not None and not held:
         # A scheduled change that lands inside the dwell happens when the dwell ends.
         next_transition = max(next_transition, since + dwell)
+        rollout_starts = max(rollout_starts or next_transition, since + dwell)
     return Decision(
         profile=profile,
         desired_profile=wish.profile,
@@ -130,9 +174,15 @@ def decide(
         next_transition=next_transition,
         settings=settings,
         memory=Memory(
-            profile=profile, since=since, rules=rule_states, tuned_delay_microseconds=tuned
+            profile=profile,
+            since=since,
+            rules=rule_states,
+            tuned_delay_microseconds=tuned,
+            guard=guard,
         ),
         switched=switched,
+        rollout_starts=rollout_starts,
+        guard=_guard_action(memory.guard if not switched else None, guard),
     )
 
 
@@ -187,7 +237,53 @@ def _evaluate_load_rules(
     return states, wish, pending
 
 
-def _schedule_wish(spec: specs.BatchPolicySpec, now: datetime.datetime) -> _Wish:
+def _schedule_wish(
+    spec: specs.BatchPolicySpec, now: datetime.datetime, lead: datetime.timedelta
+) -> _Wish:
+    """What the clock asks for now, or the next window's profile if its change starts early."""
+    natural = _scheduled_now(spec, now)
+    upcoming = _upcoming_change(spec, now)
+    if upcoming is None:
+        return natural
+    boundary, profile, description = upcoming
+    if boundary - now <= lead and _starts_early(spec, natural.profile, profile):
+        return _Wish(
+            profile,
+            "schedule",
+            f"{description}, in force from {_stamp(boundary)}: rolled out "
+            f"{durations.format_duration(lead.total_seconds())} ahead (schedule.leadTime)",
+        )
+    return natural
+
+
+def _starts_early(spec: specs.BatchPolicySpec, leaving: str, entering: str) -> bool:
+    """Only a change from a throughput profile into a latency profile is made early: a latency
+    window is never cut short for it."""
+    return (
+        leaving != entering
+        and spec.profile_role(leaving) == "throughput"
+        and spec.profile_role(entering) == "latency"
+    )
+
+
+def _upcoming_change(
+    spec: specs.BatchPolicySpec, now: datetime.datetime
+) -> tuple[datetime.datetime, str, str] | None:
+    """The next instant the clock's profile changes: when, to what, and why."""
+    schedule = spec.schedule
+    if schedule is None:
+        return None
+    change = schedules.next_change(schedule, now)
+    if change is None:
+        return None
+    boundary, window_profile = change
+    occurrence = schedules.active_occurrence(schedule, boundary)
+    if window_profile is not None and occurrence is not None:
+        return boundary, window_profile, f"schedule {schedules.describe(occurrence, schedule)}"
+    return boundary, spec.default_profile, "defaultProfile once the window ends"
+
+
+def _scheduled_now(spec: specs.BatchPolicySpec, now: datetime.datetime) -> _Wish:
     schedule = spec.schedule
     occurrence = schedules.active_occurrence(schedule, now) if schedule else None
     if schedule and occurrence:
@@ -218,23 +314,28 @@ def _why_default(schedule: specs.Schedule | None, now: datetime.datetime) -> str
 
 
 def _next_transition(
-    spec: specs.BatchPolicySpec, now: datetime.datetime, wish: _Wish
-) -> datetime.datetime | None:
+    spec: specs.BatchPolicySpec, now: datetime.datetime, wish: _Wish, lead: datetime.timedelta
+) -> tuple[datetime.datetime | None, datetime.datetime | None]:
+    """When the decision next changes by the clock, and when that change is decided (earlier by
+    `lead` for a change that starts early)."""
     if wish.source == "override":
-        return spec.override.until if spec.override else None
+        until = spec.override.until if spec.override else None
+        return until, until
     if wish.source == "load" or spec.schedule is None:
         # A load rule lets go when the load falls, which no clock can tell.
-        return None
+        return None, None
     horizon = now + datetime.timedelta(days=schedules.LOOKAHEAD_DAYS)
     instant = now
     while instant < horizon:
         change = schedules.next_change(spec.schedule, instant)
         if change is None:
-            return None
+            return None, None
         instant, window_profile = change
-        if (window_profile or spec.default_profile) != wish.profile:
-            return instant
-    return None
+        profile = window_profile or spec.default_profile
+        if profile != wish.profile:
+            early = _starts_early(spec, wish.profile, profile)
+            return instant, max(instant - lead, now) if early else instant
+    return None, None
 
 
 def _settings(
@@ -264,6 +365,54 @@ def _settings(
         return rendering.render(spec.profiles[profile]), None
     tuned = clamped(tuned)  # the bounds may have changed since it was tuned
     return rendering.render(spec.profiles[profile], queue_delay_microseconds=tuned), tuned
+
+
+def _guarded(
+    spec: specs.BatchPolicySpec,
+    profile: str,
+    signals: Signals,
+    now: datetime.datetime,
+    settings: rendering.Settings,
+    guard: Guard | None,
+) -> tuple[rendering.Settings, Guard | None, str | None]:
+    """The settings with the SLO guard applied, its state for the next decision, and what it
+    says for the reason. Without a p95 reading the guard stays as it was."""
+    slo = spec.slo
+    if slo is None or not slo.guard or not spec.slo_governs(profile):
+        return settings, None, None
+    p95 = signals.metrics.get("p95LatencyMs")
+    interval = datetime.timedelta(seconds=slo.guard_interval_seconds)
+    if p95 is not None and p95 > slo.p95_latency_ms:
+        in_force = settings.dynamic_batching["max_queue_delay_microseconds"]
+        if guard is not None:
+            in_force = min(in_force, guard.delay_microseconds)
+        lowered = max(round(in_force * GUARD_FACTOR), slo.min_queue_delay_microseconds)
+        if lowered < in_force and (guard is None or now - guard.changed_at >= interval):
+            guard = Guard(delay_microseconds=lowered, changed_at=now)
+        elif guard is not None:
+            guard = dataclasses.replace(guard, within_since=None)
+    elif p95 is not None and guard is not None:
+        within_since = guard.within_since or now
+        if now - within_since >= interval and now - guard.changed_at >= interval:
+            return settings, None, f"SLO guard off: p95 {p95:.1f} ms within the objective"
+        guard = dataclasses.replace(guard, within_since=within_since)
+    if guard is None:
+        return settings, None, None
+    held = dict(settings.dynamic_batching, max_queue_delay_microseconds=guard.delay_microseconds)
+    seen = f"p95 {p95:.1f} ms" if p95 is not None else "no p95 reading"
+    note = (
+        f"SLO guard: {seen} against {slo.p95_latency_ms:g} ms, queue delay held at "
+        f"{guard.delay_microseconds} us"
+    )
+    return rendering.Settings(held, settings.max_batch_size), guard, note
+
+
+def _guard_action(before: Guard | None, after: Guard | None) -> GuardAction | None:
+    if after is not None and (before is None or after.changed_at != before.changed_at):
+        return "lowered"
+    if before is not None and after is None:
+        return "restored"
+    return None
 
 
 def _stamp(instant: datetime.datetime) -> str:

@@ -48,6 +48,14 @@ LocalEndTime = Annotated[
 # A reference to one of spec.profiles; bounded so the API server can cost the CEL rules.
 ProfileRef = Annotated[str, Field(min_length=1, max_length=63)]
 Duration = Annotated[str, Field(min_length=2, max_length=32, pattern=durations.DURATION_PATTERN)]
+LeadTime = Annotated[
+    str,
+    Field(
+        min_length=2,
+        max_length=32,
+        pattern=r"^(auto|([0-9]+h)?([0-9]+m)?([0-9]+s)?)$",
+    ),
+]
 PortRef = Annotated[int | str, Field(json_schema_extra={"x-kubernetes-int-or-string": True})]
 
 
@@ -248,6 +256,17 @@ class Window(Model):
             )
         return value
 
+    @property
+    def length_seconds(self) -> int:
+        """How long the window lasts on a day without a clock change."""
+
+        def minutes(hhmm: str) -> int:
+            hours, mins = hhmm.split(":")
+            return int(hours) * 60 + int(mins)
+
+        length = minutes(self.end) - minutes(self.start)
+        return 60 * (length if length > 0 else length + 24 * 60)
+
     cross_field_rules = (
         validations.CrossFieldRule(
             cel="self.start != self.end",
@@ -274,6 +293,33 @@ class Schedule(Model):
         Field(max_length=1000, json_schema_extra={"x-kubernetes-list-type": "set"}),
     ] = []
     """Local dates (YYYY-MM-DD) on which no window starts."""
+    lead_time: LeadTime = "auto"
+    """How early a scheduled change into a latency profile starts rolling out, so that the
+    profile is in force on every replica at the window's start: `auto` (the policy's own
+    measured switch time per replica, times the waves its replicas need, plus a margin; a
+    conservative estimate until a rollout was measured), a duration such as 45s or 2m, or 0s
+    (change at the boundary). Only a change from a throughput profile to a latency profile
+    starts early; leaving a latency profile never happens before its window ends. A duration
+    may not be longer than any window."""
+
+    cross_field_rules = (
+        validations.CrossFieldRule(
+            cel="self.leadTime == 'auto' || !has(self.windows) || self.windows.all(w, "
+            "duration(self.leadTime) <= (w.end == '24:00' ? timestamp('2000-01-02T00:00:00Z') "
+            ": timestamp('2000-01-01T' + w.end + ':00Z')) - timestamp('2000-01-01T' + w.start "
+            "+ ':00Z') + (w.end != '24:00' && w.end <= w.start ? duration('24h') "
+            ": duration('0s')))",
+            message="leadTime must be auto, or at most the length of the shortest window",
+            field_path=".leadTime",
+            holds=lambda schedule: (
+                schedule.lead_time == "auto"
+                or all(
+                    durations.parse_duration(schedule.lead_time) <= window.length_seconds
+                    for window in schedule.windows
+                )
+            ),
+        ),
+    )
 
     @pydantic.field_validator("timezone")
     @classmethod
@@ -381,6 +427,13 @@ class Slo(Model):
     """Lowest queue delay autotune may set."""
     max_queue_delay_microseconds: QueueDelay = 100_000
     """Highest queue delay autotune may set."""
+    guard: bool = True
+    """While a profile the objective governs is in force and the measured p95 is above it,
+    halve the queue delay at once (down to minQueueDelayMicroseconds), without waiting for
+    autotune's hysteresis; back to the profile's delay (or autotune's) once the p95 has stayed
+    within the objective for guardIntervalSeconds. Needs the p95LatencyMs signal."""
+    guard_interval_seconds: Annotated[int, Field(ge=1, le=3600)] = 15
+    """The least time between two guard changes, each a reload."""
 
     cross_field_rules = (
         validations.CrossFieldRule(

@@ -15,7 +15,9 @@ class Model(specs.Model):
     model_config = ConfigDict(validate_by_name=True, validate_by_alias=True)
 
 
-ConditionType = Literal["Ready", "Progressing", "Degraded", "InvalidSpec", "SignalsUnavailable"]
+ConditionType = Literal[
+    "Ready", "Progressing", "Degraded", "InvalidSpec", "SignalsUnavailable", "LeadTimeInsufficient"
+]
 TargetState = Literal["Updated", "Pending", "Draining", "Applying", "Failed", "Unreachable"]
 
 
@@ -23,7 +25,7 @@ class Condition(Model):
     """The latest observation of one aspect of the policy's state."""
 
     type: Annotated[str, Field(max_length=64)]
-    """Ready, Progressing, Degraded, InvalidSpec or SignalsUnavailable."""
+    """Ready, Progressing, Degraded, InvalidSpec, SignalsUnavailable or LeadTimeInsufficient."""
     status: Literal["True", "False", "Unknown"]
     """Whether the condition holds."""
     reason: Annotated[str, Field(max_length=128)] = ""
@@ -79,6 +81,14 @@ class BatchPolicyStatus(Model):
     """When activeProfile last changed."""
     next_transition_time: AwareDatetime | None = None
     """When the decision next changes as far as the clock can tell."""
+    planned_rollout_start: AwareDatetime | None = None
+    """When the next scheduled change starts rolling out: schedule.leadTime before
+    nextTransitionTime for a change into a latency profile, else nextTransitionTime."""
+    lead_time_seconds: float | None = None
+    """The lead time in force, in seconds (schedule.leadTime, with auto resolved)."""
+    measured_wave_seconds: float | None = None
+    """How long one wave of a rollout took, the longest of the policy's recent rollouts:
+    what leadTime auto is computed from."""
     targets: TargetCounts = TargetCounts()
     """Counts of governed servers by state."""
     target_details: list[TargetStatus] = Field(default_factory=list, max_length=64)
@@ -88,6 +98,6 @@ class BatchPolicyStatus(Model):
         max_length=16,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
-    """Ready, Progressing, Degraded, InvalidSpec and SignalsUnavailable."""
+    """Ready, Progressing, Degraded, InvalidSpec, SignalsUnavailable and LeadTimeInsufficient."""
     observed_generation: int | None = None
     """The spec generation this status describes."""
