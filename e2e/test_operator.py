@@ -91,13 +91,16 @@ def timeline(kube: Kube, namespace: str, name: str = "fleet") -> Iterator[list[t
 
 
 @pytest.mark.timeout(180)
-def test_schedule_window_switches_every_target_within_one_interval(
-    kube: Kube, namespace: str, start_operator: StartOperator
+@pytest.mark.parametrize("lead_time", ["auto", "0s"])
+def test_schedule_window_is_in_force_on_every_target_when_it_opens(
+    kube: Kube, namespace: str, start_operator: StartOperator, lead_time: str
 ) -> None:
+    """With a lead time (auto) every target serves the window's profile at its start; without
+    one (0s) within one interval after it."""
     interval = 3.0
     ips = fleet.start_tritons(kube, namespace, 2)
     now = datetime.datetime.now(datetime.UTC)
-    opens = (now + datetime.timedelta(seconds=30)).replace(second=0, microsecond=0)
+    opens = (now + datetime.timedelta(seconds=50)).replace(second=0, microsecond=0)
     opens += datetime.timedelta(minutes=1)
     window = {
         "profile": "interactive",
@@ -105,22 +108,28 @@ def test_schedule_window_switches_every_target_within_one_interval(
         "end": (opens + datetime.timedelta(minutes=10)).strftime("%H:%M"),
     }
     start_operator(interval=interval)
-    operators.apply_policy(
-        kube, namespace, policy(schedule={"timezone": "UTC", "windows": [window]})
-    )
+    schedule = {"timezone": "UTC", "windows": [window], "leadTime": lead_time}
+    operators.apply_policy(kube, namespace, policy(schedule=schedule))
     waiting.wait_for("bulk on every target", everyone_serves(ips, "bulk"), timeout=30)
-    assert status_of(kube, namespace)["nextTransitionTime"] == opens.strftime("%Y-%m-%dT%H:%M:%SZ")
+    planned = status_of(kube, namespace)
+    assert planned["nextTransitionTime"] == opens.strftime("%Y-%m-%dT%H:%M:%SZ")
+    rollout_starts = datetime.datetime.fromisoformat(planned["plannedRolloutStart"])
+    lead = (opens - rollout_starts).total_seconds()
+    assert lead == (0 if lead_time == "0s" else planned["leadTimeSeconds"])
 
-    time.sleep(max((opens - datetime.datetime.now(datetime.UTC)).total_seconds() - 1, 0))
+    time.sleep(max((rollout_starts - datetime.datetime.now(datetime.UTC)).total_seconds() - 1, 0))
     waiting.wait_for(
         "interactive on every target",
         everyone_serves(ips, "interactive"),
-        timeout=30,
+        timeout=60,
         interval=0.05,
     )
     switched_after = (datetime.datetime.now(datetime.UTC) - opens).total_seconds()
-    print(f"\nevery target served interactive {switched_after:.2f}s after the window opened")
-    assert switched_after <= interval
+    print(
+        f"\nleadTime {lead_time}: every target served interactive "
+        f"{switched_after:.2f}s after the window opened"
+    )
+    assert switched_after <= (0 if lead_time == "auto" else interval)
 
     status = status_of(kube, namespace)
     assert status["activeProfile"] == "interactive"

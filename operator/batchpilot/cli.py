@@ -49,11 +49,12 @@ def _explain(arguments: argparse.Namespace) -> int:
         if arguments.at
         else datetime.datetime.now(datetime.UTC)
     )
-    decision = explaining.explain(spec, at, signals)
+    lead = explaining.lead(spec, replicas=arguments.replicas, wave_seconds=arguments.wave_seconds)
+    decision = explaining.explain(spec, at, signals, lead)
     if arguments.output == "json":
         print(json.dumps(explaining.as_json(spec, at, signals, decision), indent=2))
     else:
-        print(explaining.as_text(spec, at, signals, decision))
+        print(explaining.as_text(spec, at, signals, decision, lead))
     return 0
 
 
@@ -170,6 +171,18 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME=VALUE",
         help="a load signal, e.g. queueDepth=250 (repeatable); names: "
         + ", ".join(explaining.SIGNAL_NAMES),
+    )
+    explain.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="replicas the policy governs, for schedule.leadTime auto (default 1)",
+    )
+    explain.add_argument(
+        "--wave-seconds",
+        type=float,
+        metavar="SECONDS",
+        help="how long one rollout wave takes (status.measuredWaveSeconds); default: assumed",
     )
     explain.add_argument("-o", "--output", choices=("text", "json"), default="text")
     explain.set_defaults(handler=_explain)

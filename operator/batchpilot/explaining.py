@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from batchpilot.policy import decisions, loads, specs
+from batchpilot.policy import decisions, durations, leads, loads, specs
 
 SIGNAL_NAMES = (*specs.LOAD_METRICS, decisions.RECOMMENDED_QUEUE_DELAY)
 
@@ -43,11 +43,23 @@ def parse_instant(text: str, spec: specs.BatchPolicySpec) -> datetime.datetime:
     return instant
 
 
+def lead(
+    spec: specs.BatchPolicySpec, *, replicas: int = 1, wave_seconds: float | None = None
+) -> leads.Lead:
+    """The lead time for a fleet of `replicas`, one wave taking `wave_seconds` (or assumed)."""
+    return leads.lead_for(spec, replicas=replicas, wave_seconds=wave_seconds)
+
+
 def explain(
-    spec: specs.BatchPolicySpec, at: datetime.datetime, signals: decisions.Signals
+    spec: specs.BatchPolicySpec,
+    at: datetime.datetime,
+    signals: decisions.Signals,
+    lead_time: leads.Lead | None = None,
 ) -> decisions.Decision:
     """The decision at `at`, taking the signals as steady and no profile as active yet."""
-    return decisions.decide(spec, at, signals, decisions.steady_memory(spec, signals))
+    memory = decisions.steady_memory(spec, signals)
+    early = (lead_time or lead(spec)).lead
+    return decisions.decide(spec, at, signals, memory, lead=early)
 
 
 def _iso(instant: datetime.datetime | None) -> str | None:
@@ -68,6 +80,7 @@ def as_json(
         "source": decision.source,
         "reason": decision.reason,
         "next_transition": _iso(decision.next_transition),
+        "rollout_starts": _iso(decision.rollout_starts),
         "dynamic_batching": decision.settings.dynamic_batching,
         "max_batch_size": decision.settings.max_batch_size,
         "signals": dict(signals.metrics),
@@ -87,6 +100,7 @@ def as_text(
     at: datetime.datetime,
     signals: decisions.Signals,
     decision: decisions.Decision,
+    lead_time: leads.Lead | None = None,
 ) -> str:
     zone = spec.schedule.zone if spec.schedule else datetime.UTC
 
@@ -101,6 +115,13 @@ def as_text(
         "Next transition:  "
         + (local(decision.next_transition) if decision.next_transition else "none scheduled"),
     ]
+    if decision.rollout_starts is not None and decision.rollout_starts != decision.next_transition:
+        lines.append(f"Rollout starts:   {local(decision.rollout_starts)}, so that it is over then")
+    if lead_time is not None and spec.schedule is not None:
+        lines.append(
+            f"Lead time:        {durations.format_duration(lead_time.lead.total_seconds())} "
+            f"(schedule.leadTime {spec.schedule.lead_time}; the rollout: {lead_time.describe()})"
+        )
     if signals.metrics:
         lines.append("Signals:          " + _pairs(signals.metrics))
     lines.append("dynamic_batching: " + json.dumps(decision.settings.dynamic_batching, indent=2))
