@@ -5,6 +5,7 @@ batchpilot.
   stopped cleanly, with the demo models;
 - `demo_models`: the demo model repository and the emulated accelerator's parameters;
 - `loadgen`: open-loop Poisson load against Triton, one record per request;
+- `processes`: what /proc says about a process, its group, CPU time and memory;
 - `demo`: `batchpilot demo` (the `commands` module registers it with the `batchpilot` command).
 
 The tests, the benchmarks and the e2e pod runner use it; no product module imports it (an

@@ -52,7 +52,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from batchpilot.applying import actuators
 from batchpilot.policy import rendering, specs
-from batchpilot_harness import demo_models
+from batchpilot_harness import demo_models, processes
 from batchpilot_triton import servers
 
 GROUP, VERSION, PLURAL = "batchpilot.dev", "v1alpha1", "batchpolicies"
@@ -63,8 +63,6 @@ PROFILES: dict[str, dict[str, Any]] = {
 DELAY = {name: profile["maxQueueDelayMicroseconds"] for name, profile in PROFILES.items()}
 INTERVAL = 5.0
 """The operator's timer (its default)."""
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -82,17 +80,7 @@ def plan(*, short: bool) -> Plan:
     return Plan(servers=32, namespaces=4, policy_counts=(50, 100, 200), lead_seconds=60.0)
 
 
-# -- the operator process, seen from /proc and /metrics ----------------------------------------
-
-
-def cpu_seconds(pid: int) -> float:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime, all threads
-
-
-def rss_bytes(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE_SIZE
+# -- the operator process, seen from its /metrics ----------------------------------------------
 
 
 def reconciles(page: str) -> float:
@@ -124,7 +112,10 @@ class Sample:
     def of(cls, operator: operators.OperatorProcess) -> Sample:
         pid = operator.process.pid
         return cls(
-            time.monotonic(), cpu_seconds(pid), rss_bytes(pid), reconciles(operator.metrics())
+            time.monotonic(),
+            processes.cpu_seconds(pid),
+            processes.resident_bytes(pid),
+            reconciles(operator.metrics()),
         )
 
 
@@ -382,7 +373,7 @@ def run_size(
         peak = before.rss
         while until_boundary > 1.0:
             time.sleep(min(1.0, until_boundary - 1.0))
-            peak = max(peak, rss_bytes(operator.process.pid))
+            peak = max(peak, processes.resident_bytes(operator.process.pid))
             until_boundary = (opens - datetime.datetime.now(datetime.UTC)).total_seconds()
         steady_end = Sample.of(operator)
         boundary = time.monotonic() + until_boundary
@@ -395,7 +386,7 @@ def run_size(
             if _settled(_statuses(kube, namespaces), count, "interactive"):
                 statuses_converged = time.monotonic() - boundary
                 break
-            peak = max(peak, rss_bytes(operator.process.pid))
+            peak = max(peak, processes.resident_bytes(operator.process.pid))
             time.sleep(0.25)
         after = Sample.of(operator)
         warnings, examples = warning_events(kube, namespaces)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -28,12 +27,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from batchpilot_harness import demo_models, loadgen, local_triton
+from batchpilot_harness import demo_models, loadgen, local_triton, processes
 
 MODELS = [f"gpu_sim_{i}" for i in range(10)]
 WARM_UP_SECONDS = 8.0
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 
 def model_repository(root: Path) -> Path:
@@ -47,16 +44,6 @@ def model_repository(root: Path) -> Path:
         text = text.replace('name: "gpu_sim"', f'name: "{name}"').replace("count: 4", "count: 1")
         config.write_text(text, encoding="utf-8")
     return repository
-
-
-def cpu_seconds(pid: int) -> float:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime
-
-
-def rss_bytes(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE_SIZE
 
 
 def fetch(url: str) -> bytes:
@@ -125,22 +112,26 @@ async def load(server: local_triton.LocalTriton, seconds: float) -> None:
 
 
 async def measure(sidecar: str, pid: int, seconds: float) -> Measurement:
-    rss_start, cpu_start, started = rss_bytes(pid), cpu_seconds(pid), time.monotonic()
+    rss_start, cpu_start, started = (
+        processes.resident_bytes(pid),
+        processes.cpu_seconds(pid),
+        time.monotonic(),
+    )
     peak = rss_start
     status = metrics = b""
     while time.monotonic() - started < seconds:
         await asyncio.sleep(1.0)
         status = await asyncio.to_thread(fetch, f"{sidecar}/status?sloP95Ms=50")
         metrics = await asyncio.to_thread(fetch, f"{sidecar}/metrics")
-        peak = max(peak, rss_bytes(pid))
+        peak = max(peak, processes.resident_bytes(pid))
     elapsed = time.monotonic() - started
-    cpu = cpu_seconds(pid) - cpu_start
+    cpu = processes.cpu_seconds(pid) - cpu_start
     models = json.loads(status)["models"]
     return Measurement(
         seconds=elapsed,
         cpu_seconds=cpu,
         rss_start=rss_start,
-        rss_end=rss_bytes(pid),
+        rss_end=processes.resident_bytes(pid),
         rss_peak=peak,
         status_bytes=len(status),
         metrics_bytes=len(metrics),

@@ -10,7 +10,7 @@ import pytest
 
 from batchpilot.applying import actuators, overrides
 from batchpilot.policy import rendering, specs
-from batchpilot_harness import demo_models, loadgen, local_triton
+from batchpilot_harness import demo_models, loadgen, local_triton, processes
 from batchpilot_triton import modelconfigs, servers
 from triton_fixtures import TritonFactory
 
@@ -42,7 +42,7 @@ PATIENT_INTERACTIVE = specs.Profile.model_validate(
 
 def stub_processes(server: local_triton.LocalTriton) -> set[int]:
     """The server's Python-backend stubs: a real reload replaces them."""
-    return set(local_triton.process_group_members(server.pid)) - {server.pid}
+    return set(processes.group_members(server.pid)) - {server.pid}
 
 
 async def served(server: local_triton.LocalTriton) -> dict[str, Any]:

@@ -117,10 +117,6 @@ def test_unknown_model_is_refused_before_anything_starts(tmp_path: Path) -> None
     assert not server.running
 
 
-def test_process_group_members_include_this_process() -> None:
-    assert os.getpid() in local_triton.process_group_members(os.getpgid(0))
-
-
 def child_subreaper() -> int:
     libc = ctypes.CDLL(None, use_errno=True)
     value = ctypes.c_int(-1)
