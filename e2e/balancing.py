@@ -18,6 +18,7 @@ from typing import Self
 
 import aiohttp
 
+from batchpilot.kube import pods
 from batchpilot_harness import loadgen
 from e2e import fleet
 from e2e.kubes import Kube
@@ -70,7 +71,7 @@ class ReadyBalancer:
             conditions = {c.type: c.status for c in listed or []}
             if conditions.get("Ready") == "True":
                 ready.append(self.ips[name])
-            gate = conditions.get(fleet.GATE, "unset")
+            gate = conditions.get(pods.GATE, "unset")
             history = self.gate_history[name]
             if not history or history[-1] != gate:
                 history.append(gate)

@@ -145,7 +145,7 @@ async def _burst(
     results = await asyncio.gather(
         *(
             loadgen.run_load(
-                base_url=f"http://{ip}:8000",
+                base_url=fleet.triton_url(ip),
                 payload=payload,
                 phases=[loadgen.Phase(rate=rate_per_pod, seconds=seconds)],
                 seed=index,
@@ -330,7 +330,7 @@ def test_operator_killed_mid_rollout_converges_after_restart(
     )
 
     def all_gates_open() -> bool:
-        return all(fleet.pod_condition(kube, namespace, pod, fleet.GATE) == "True" for pod in ips)
+        return all(fleet.gate_open(kube, namespace, pod) for pod in ips)
 
     waiting.wait_for("every gate True again", all_gates_open, timeout=30)
     waiting.wait_for(

@@ -53,7 +53,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from batchpilot.applying import actuators
 from batchpilot.policy import rendering, specs
 from batchpilot_harness import demo_models, processes
-from batchpilot_triton import servers
+from batchpilot_triton import modelconfigs, servers
 
 GROUP, VERSION, PLURAL = "batchpilot.dev", "v1alpha1", "batchpolicies"
 PROFILES: dict[str, dict[str, Any]] = {
@@ -155,7 +155,7 @@ def start_servers(kube: Kube, namespaces: Sequence[str], count: int) -> list[Ser
 
 async def single_reload_seconds(server: Server) -> float:
     """One reload of one idle server, alone: the time a replica wave takes at best."""
-    async with servers.TritonServer(f"http://{server.ip}:8000") as triton:
+    async with servers.TritonServer(fleet.triton_url(server.ip)) as triton:
         timings = []
         for name in ("interactive", "bulk"):
             settings = rendering.render(specs.Profile.model_validate(PROFILES[name]))
@@ -308,14 +308,13 @@ async def _serving_since(
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
 
         async def check(server: Server) -> None:
-            url = f"http://{server.ip}:8000/v2/models/{fleet.MODEL}/config"
+            url = f"{fleet.triton_url(server.ip)}/v2/models/{fleet.MODEL}/config"
             try:
                 async with session.get(url) as response:
                     config = await response.json()
             except (aiohttp.ClientError, TimeoutError, ValueError):
                 return
-            parameters = config.get("parameters") or {}
-            running = parameters.get(fleet.PROFILE_PARAMETER, {}).get("string_value")
+            running = modelconfigs.applied_profile(config)
             delay = (config.get("dynamic_batching") or {}).get("max_queue_delay_microseconds")
             if running == profile and delay == DELAY[profile]:
                 served.setdefault(server.pod, time.monotonic() - boundary)

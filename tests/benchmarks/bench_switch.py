@@ -40,6 +40,7 @@ from e2e import balancing, fleet, operators
 from e2e.kubes import Kube
 
 from batchpilot_harness import loadgen
+from batchpilot_triton import modelconfigs
 
 POLICY = "fleet"
 PROFILES: dict[str, dict[str, Any]] = {
@@ -121,15 +122,14 @@ class Switch:
 async def _served_profile(session: aiohttp.ClientSession, ip: str) -> tuple[str | None, int | None]:
     try:
         async with session.get(
-            f"http://{ip}:8000/v2/models/{fleet.MODEL}/config",
+            f"{fleet.triton_url(ip)}/v2/models/{fleet.MODEL}/config",
             timeout=aiohttp.ClientTimeout(total=2),
         ) as response:
             config = await response.json()
     except (aiohttp.ClientError, TimeoutError, ValueError):
         return None, None
-    profile = (config.get("parameters") or {}).get(fleet.PROFILE_PARAMETER, {}).get("string_value")
     delay = (config.get("dynamic_batching") or {}).get("max_queue_delay_microseconds")
-    return profile, delay
+    return modelconfigs.applied_profile(config), delay
 
 
 async def _follow(
