@@ -46,7 +46,7 @@ from typing import Any
 import aiohttp
 import benchmarking
 import kubernetes.client
-from e2e import fleet, operators
+from e2e import fleet, operators, waiting
 from e2e.kubes import Kube
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -147,7 +147,7 @@ def start_servers(kube: Kube, namespaces: Sequence[str], count: int) -> list[Ser
             found.append(Server(namespace=namespace, pod=pod, ip=ip))
         return found
 
-    found: list[Server] = benchmarking.wait_until(
+    found: list[Server] = waiting.wait_for(
         f"{count} Triton pods serving", serving, timeout=60 + 10 * count, interval=1.0
     )
     return found
@@ -344,7 +344,7 @@ def run_size(
         interval=INTERVAL,
     )
     try:
-        benchmarking.wait_until("the operator's liveness", operator.healthy, timeout=60)
+        waiting.wait_for("the operator's liveness", operator.healthy, timeout=60)
         now = datetime.datetime.now(datetime.UTC)
         opens = (now + datetime.timedelta(seconds=the_plan.lead_seconds)).replace(
             second=0, microsecond=0
@@ -360,7 +360,7 @@ def run_size(
         created_at = time.monotonic()
         _create(kube, documents)
         create_seconds = time.monotonic() - created_at
-        benchmarking.wait_until(
+        waiting.wait_for(
             f"{count} policies reconciled, bulk everywhere",
             lambda: _settled(_statuses(kube, namespaces), count, "bulk"),
             timeout=max((opens - datetime.datetime.now(datetime.UTC)).total_seconds() - 5, 5),

@@ -36,7 +36,7 @@ from typing import Any
 import aiohttp
 import benchmarking
 import kubernetes.client
-from e2e import balancing, fleet, operators
+from e2e import balancing, fleet, operators, waiting
 from e2e.kubes import Kube
 
 from batchpilot_harness import loadgen
@@ -276,7 +276,7 @@ def run_mode(
             interval=OPERATOR_INTERVAL,
         )
         try:
-            benchmarking.wait_until("the operator's liveness", operator.healthy, timeout=60)
+            waiting.wait_for("the operator's liveness", operator.healthy, timeout=60)
             operators.apply_policy(kube, namespace, policy())
 
             def bulk_everywhere() -> bool:
@@ -285,8 +285,8 @@ def run_mode(
                     for ip in ips.values()
                 )
 
-            benchmarking.wait_until("bulk on every replica", bulk_everywhere, timeout=120)
-            benchmarking.wait_until(
+            waiting.wait_for("bulk on every replica", bulk_everywhere, timeout=120)
+            waiting.wait_for(
                 "every replica Ready",
                 lambda: all(
                     fleet.pod_condition(kube, namespace, p, "Ready") == "True" for p in ips
