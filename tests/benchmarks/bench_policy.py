@@ -44,11 +44,8 @@ import dataclasses
 import datetime
 import functools
 import logging
-import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
@@ -60,7 +57,7 @@ from batchpilot import running, telemetry
 from batchpilot.applying import actuators
 from batchpilot.policy import documents, rendering, specs
 from batchpilot.signals import sidecars
-from batchpilot_harness import demo_models, loadgen, local_triton
+from batchpilot_harness import demo_models, loadgen, local_sidecar, local_triton
 from batchpilot_triton import scraping, servers
 
 REPO = Path(__file__).resolve().parents[2]
@@ -382,47 +379,6 @@ def signal_window(day: benchmarking.TradingDay) -> float:
     return min(max(150.0 / day.speed, 0.25), 1.0)
 
 
-class Sidecar:
-    """`python -m batchpilot_sidecar` next to the server, as in a Triton Pod."""
-
-    def __init__(
-        self, triton: local_triton.LocalTriton, model: str, log: Path, *, rate_window: float
-    ) -> None:
-        (port,) = local_triton.free_ports("127.0.0.1", 1)
-        self.url = f"http://127.0.0.1:{port}"
-        argv = [
-            sys.executable, "-m", "batchpilot_sidecar",
-            "--triton-url", triton.http_url,
-            "--metrics-url", triton.metrics_url,
-            "--listen", f"127.0.0.1:{port}",
-            "--models", model,
-            "--interval", f"{rate_window / 2:g}", "--rate-window", f"{rate_window:g}",
-        ]  # fmt: skip
-        with log.open("ab") as output:
-            self.process = subprocess.Popen(argv, stdout=output, stderr=subprocess.STDOUT)
-
-    def wait_healthy(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the sidecar exited with {self.process.returncode}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/healthz", timeout=2):
-                    return
-            except (urllib.error.URLError, OSError):
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the sidecar did not come up") from None
-                time.sleep(0.1)
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-
-
 async def replay(
     *,
     day: benchmarking.TradingDay,
@@ -442,14 +398,14 @@ async def replay(
                 await configure(server, model, config)
                 return await _drive(day, triton, server, payload, session, contender, config)
             window = signal_window(day)
-            sidecar = Sidecar(triton, model, out_dir / f"sidecar-{model}.log", rate_window=window)
-            try:
-                sidecar.wait_healthy()
+            # The sidecar reads Triton twice per rate window, as the runner ticks.
+            rates = ("--interval", f"{window / 2:g}", "--rate-window", f"{window:g}")
+            with local_sidecar.running(
+                triton, "--models", model, *rates, log=out_dir / f"sidecar-{model}.log"
+            ) as sidecar:
                 return await _drive_batchpilot(
                     day, triton, server, payload, session, sidecar, model, window / 2
                 )
-            finally:
-                sidecar.stop()
 
 
 async def _drive(
@@ -506,7 +462,7 @@ async def _drive_batchpilot(
     server: servers.TritonServer,
     payload: loadgen.InferencePayload,
     session: aiohttp.ClientSession,
-    sidecar: Sidecar,
+    sidecar: local_sidecar.LocalSidecar,
     model: str,
     tick_seconds: float,
 ) -> Replay:

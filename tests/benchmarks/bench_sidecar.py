@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import json
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from batchpilot_harness import demo_models, loadgen, local_triton, processes
+from batchpilot_harness import demo_models, loadgen, local_sidecar, local_triton, processes
 
 MODELS = [f"gpu_sim_{i}" for i in range(10)]
 WARM_UP_SECONDS = 8.0
@@ -50,20 +49,6 @@ def fetch(url: str) -> bytes:
     with urllib.request.urlopen(url, timeout=5) as response:
         body: bytes = response.read()
         return body
-
-
-def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        if process.poll() is not None:
-            raise RuntimeError(f"the sidecar exited with {process.returncode}")
-        try:
-            fetch(f"{url}/healthz")
-            return
-        except (urllib.error.URLError, ConnectionError):
-            if time.monotonic() > deadline:
-                raise RuntimeError("the sidecar did not come up") from None
-            time.sleep(0.1)
 
 
 @dataclass(frozen=True)
@@ -162,31 +147,14 @@ def benchmark(seconds: float, entry: str) -> Measurement:
         with local_triton.LocalTriton(
             model_repository=repository, models=MODELS, run_directory=Path(root) / "run"
         ) as server:
-            (port,) = local_triton.free_ports("127.0.0.1", 1)
-            sidecar = f"http://127.0.0.1:{port}"
-            command = [
-                sys.executable,
-                *ENTRIES[entry],
-                "--triton-url",
-                server.http_url,
-                "--metrics-url",
-                server.metrics_url,
-                "--listen",
-                f"127.0.0.1:{port}",
-                "--interval",
-                "1",
-            ]
-            with subprocess.Popen(command, stderr=subprocess.DEVNULL) as process:
-                try:
-                    wait_healthy(sidecar, process)
-                    measured: Measurement = asyncio.run(
-                        drive(server, sidecar, process.pid, seconds)
-                    )
-                finally:
-                    process.terminate()
-                    process.wait(timeout=20)
-            if process.returncode != 0:
-                raise RuntimeError(f"the sidecar exited with {process.returncode}")
+            with local_sidecar.running(
+                server, "--interval", "1", command=ENTRIES[entry]
+            ) as sidecar:
+                measured: Measurement = asyncio.run(
+                    drive(server, sidecar.url, sidecar.process.pid, seconds)
+                )
+            if sidecar.process.returncode != 0:
+                raise RuntimeError(f"the sidecar exited with {sidecar.process.returncode}")
             return measured
 
 
