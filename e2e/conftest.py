@@ -198,10 +198,7 @@ def _add_diagnostics(item: pytest.Item, report: pytest.TestReport) -> None:
 @pytest.fixture(scope="session")
 def operator_kubeconfig(kube: kubes.Kube, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The CRDs and the operator's RBAC installed; a kubeconfig that is its ServiceAccount."""
-    operators.install_api(kube)
-    return operators.service_account_kubeconfig(
-        kube, tmp_path_factory.mktemp("operator") / "kubeconfig"
-    )
+    return operators.install_and_log_in(kube, tmp_path_factory.mktemp("operator") / "kubeconfig")
 
 
 @pytest.fixture

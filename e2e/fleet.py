@@ -5,7 +5,7 @@ import json
 import os
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kubernetes import client
@@ -17,6 +17,12 @@ from e2e.cluster import podrunner
 from e2e.kubes import Kube
 
 MODEL = "gpu_sim"
+PROFILES: dict[str, dict[str, Any]] = {
+    "interactive": {"maxQueueDelayMicroseconds": 2000, "preferredBatchSizes": [4, 8]},
+    "bulk": {"maxQueueDelayMicroseconds": 20000, "preferredBatchSizes": [32, 64]},
+}
+"""The two profiles that the e2e policies and the benchmarks switch between."""
+QUEUE_DELAY = {name: profile["maxQueueDelayMicroseconds"] for name, profile in PROFILES.items()}
 
 
 # Set by `python -m e2e.kind test`: the images of real Triton Pods on kind.
@@ -145,6 +151,19 @@ def queue_delay(ip: str, model: str = MODEL) -> int | None:
     config = served_config(ip, model) or {}
     delay = (config.get("dynamic_batching") or {}).get("max_queue_delay_microseconds")
     return int(delay) if delay is not None else None
+
+
+def everyone_serves(ips: dict[str, str], profile: str) -> Callable[[], bool]:
+    """A check that every Pod's Triton serves `profile` (one of PROFILES): named, and with its
+    queue delay."""
+
+    def check() -> bool:
+        return all(
+            served_profile(ip) == profile and queue_delay(ip) == QUEUE_DELAY[profile]
+            for ip in ips.values()
+        )
+
+    return check
 
 
 def pod_condition(kube: Kube, namespace: str, pod: str, kind: str) -> str | None:

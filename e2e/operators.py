@@ -40,6 +40,13 @@ def install_api(kube: Kube) -> None:
     assert applied.returncode == 0, applied.stderr
 
 
+def install_and_log_in(kube: Kube, kubeconfig: Path) -> Path:
+    """The API installed (`install_api`), and `kubeconfig` written to log in as the operator's
+    ServiceAccount; its path."""
+    install_api(kube)
+    return service_account_kubeconfig(kube, kubeconfig)
+
+
 def service_account_kubeconfig(
     kube: Kube,
     path: Path,

@@ -809,12 +809,12 @@ async def benchmark(arguments: argparse.Namespace) -> int:
     tables = functools.partial(
         render, day=day, model=model, reports=reports, sweep_results=sweep_results, chosen=chosen
     )
-    out.write("\n" + tables(markdown=False) + "\n")
     seconds = time.monotonic() - started
     benchmarking.write_summary(
         out_dir,
         f"summary-{model}",
-        markdown=tables(markdown=True),
+        tables=tables,
+        out=out,
         data=summary_json(
             day=day,
             model=model,

@@ -36,6 +36,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import datetime
+import functools
 import os
 import sys
 import time
@@ -56,11 +57,6 @@ from batchpilot_harness import demo_models, processes
 from batchpilot_triton import modelconfigs, servers
 
 GROUP, VERSION, PLURAL = "batchpilot.dev", "v1alpha1", "batchpolicies"
-PROFILES: dict[str, dict[str, Any]] = {
-    "interactive": {"maxQueueDelayMicroseconds": 2000, "preferredBatchSizes": [4, 8]},
-    "bulk": {"maxQueueDelayMicroseconds": 20000, "preferredBatchSizes": [32, 64]},
-}
-DELAY = {name: profile["maxQueueDelayMicroseconds"] for name, profile in PROFILES.items()}
 INTERVAL = 5.0
 """The operator's timer (its default)."""
 
@@ -158,7 +154,7 @@ async def single_reload_seconds(server: Server) -> float:
     async with servers.TritonServer(fleet.triton_url(server.ip)) as triton:
         timings = []
         for name in ("interactive", "bulk"):
-            settings = rendering.render(specs.Profile.model_validate(PROFILES[name]))
+            settings = rendering.render(specs.Profile.model_validate(fleet.PROFILES[name]))
             applied = await actuators.apply_profile(
                 triton, demo_models.GPU_SIM, settings, profile=f"probe-{name}"
             )
@@ -181,7 +177,7 @@ def policy(name: str, pod: str, *, dry_run: bool, opens: datetime.datetime) -> d
                 "port": "http",
                 "models": [fleet.MODEL],
             },
-            "profiles": PROFILES,
+            "profiles": fleet.PROFILES,
             "defaultProfile": "bulk",
             "schedule": {
                 "timezone": "UTC",
@@ -316,7 +312,7 @@ async def _serving_since(
                 return
             running = modelconfigs.applied_profile(config)
             delay = (config.get("dynamic_batching") or {}).get("max_queue_delay_microseconds")
-            if running == profile and delay == DELAY[profile]:
+            if running == profile and delay == fleet.QUEUE_DELAY[profile]:
                 served.setdefault(server.pod, time.monotonic() - boundary)
 
         while len(served) < len(live) and time.monotonic() < deadline:
@@ -510,6 +506,21 @@ def render(facts: FleetFacts, sizes: Sequence[SizeReport], *, markdown: bool) ->
     return "\n".join(lines)
 
 
+def summary_json(facts: FleetFacts, sizes: Sequence[SizeReport]) -> dict[str, Any]:
+    return {
+        "fleet": dataclasses.asdict(facts),
+        "interval": INTERVAL,
+        "sizes": [
+            {
+                **dataclasses.asdict(size),
+                "cpu_per_reconcile": size.cpu_per_reconcile,
+                "cpu_per_tick": size.cpu_per_tick,
+            }
+            for size in sizes
+        ],
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Operator scale: many policies, real Tritons.")
     parser.add_argument("--short", action="store_true", help="2 Tritons, 10 policies")
@@ -532,65 +543,50 @@ def main(argv: Sequence[str] | None = None) -> int:
         flush=True,
     )
     sizes = []
-    with benchmarking.local_cluster() as kube:
-        operators.install_api(kube)
-        operator_kubeconfig = operators.service_account_kubeconfig(
-            kube, out_dir / "scale-operator.kubeconfig"
+    with (
+        benchmarking.operator_cluster(out_dir, "scale") as (kube, operator_kubeconfig),
+        contextlib.ExitStack() as stack,
+    ):
+        namespaces = [
+            stack.enter_context(benchmarking.namespace(kube, f"bench-scale-{index}"))
+            for index in range(the_plan.namespaces)
+        ]
+        available = mem_available_bytes()
+        starting = time.monotonic()
+        fleet_servers = start_servers(kube, namespaces, the_plan.servers)
+        start_seconds = time.monotonic() - starting
+        time.sleep(3)
+        facts = FleetFacts(
+            servers=len(fleet_servers),
+            namespaces=len(namespaces),
+            start_seconds=start_seconds,
+            memory_per_server=max(available - mem_available_bytes(), 1) / len(fleet_servers),
+            mem_available_before=available,
+            single_reload=asyncio.run(single_reload_seconds(fleet_servers[0])),
         )
-        with contextlib.ExitStack() as stack:
-            namespaces = [
-                stack.enter_context(benchmarking.namespace(kube, f"bench-scale-{index}"))
-                for index in range(the_plan.namespaces)
-            ]
-            available = mem_available_bytes()
-            starting = time.monotonic()
-            fleet_servers = start_servers(kube, namespaces, the_plan.servers)
-            start_seconds = time.monotonic() - starting
-            time.sleep(3)
-            facts = FleetFacts(
-                servers=len(fleet_servers),
-                namespaces=len(namespaces),
-                start_seconds=start_seconds,
-                memory_per_server=max(available - mem_available_bytes(), 1) / len(fleet_servers),
-                mem_available_before=available,
-                single_reload=asyncio.run(single_reload_seconds(fleet_servers[0])),
+        print(f"  {facts.servers} Tritons serving after {start_seconds:.0f} s", flush=True)
+        for count in the_plan.policy_counts:
+            size_started = time.monotonic()
+            sizes.append(
+                run_size(
+                    kube,
+                    operator_kubeconfig,
+                    namespaces,
+                    fleet_servers,
+                    count,
+                    the_plan,
+                    out_dir,
+                )
             )
-            print(f"  {facts.servers} Tritons serving after {start_seconds:.0f} s", flush=True)
-            for count in the_plan.policy_counts:
-                size_started = time.monotonic()
-                sizes.append(
-                    run_size(
-                        kube,
-                        operator_kubeconfig,
-                        namespaces,
-                        fleet_servers,
-                        count,
-                        the_plan,
-                        out_dir,
-                    )
-                )
-                print(
-                    f"  {count} policies: done in {time.monotonic() - size_started:.0f} s",
-                    flush=True,
-                )
-    text = render(facts, sizes, markdown=False)
-    print("\n" + text)
+            print(
+                f"  {count} policies: done in {time.monotonic() - size_started:.0f} s",
+                flush=True,
+            )
     benchmarking.write_summary(
         out_dir,
         "summary-scale",
-        markdown=render(facts, sizes, markdown=True),
-        data={
-            "fleet": dataclasses.asdict(facts),
-            "interval": INTERVAL,
-            "sizes": [
-                {
-                    **dataclasses.asdict(size),
-                    "cpu_per_reconcile": size.cpu_per_reconcile,
-                    "cpu_per_tick": size.cpu_per_tick,
-                }
-                for size in sizes
-            ],
-        },
+        tables=functools.partial(render, facts, sizes),
+        data=summary_json(facts, sizes),
     )
     if arguments.publish:
         benchmarking.publish(out_dir, ["summary-scale.md"])

@@ -25,7 +25,7 @@ import time
 import zoneinfo
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 import numpy as np
 
@@ -532,9 +532,18 @@ def output_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def write_summary(out_dir: Path, stem: str, *, markdown: str, data: object) -> None:
-    """`<stem>.md` (the tables) and `<stem>.json` (the figures) in `out_dir`."""
-    (out_dir / f"{stem}.md").write_text(markdown + "\n")
+def write_summary(
+    out_dir: Path,
+    stem: str,
+    *,
+    tables: Callable[..., str],
+    data: object,
+    out: TextIO | None = None,
+) -> None:
+    """The `tables(markdown=...)` as text on `out` (stdout), and in `out_dir` as `<stem>.md`
+    beside `<stem>.json` (the figures)."""
+    (out or sys.stdout).write("\n" + tables(markdown=False) + "\n")
+    (out_dir / f"{stem}.md").write_text(tables(markdown=True) + "\n")
     (out_dir / f"{stem}.json").write_text(json.dumps(data, indent=1))
 
 
@@ -594,6 +603,16 @@ def local_cluster(
             raise RuntimeError(f"no local cluster: the pod network stayed busy ({holder})")
         say(f"another local cluster is starting or stopping ({holder}); waiting")
         time.sleep(10)
+
+
+@contextlib.contextmanager
+def operator_cluster(out_dir: Path, name: str) -> Iterator[tuple[Kube, Path]]:
+    """`local_cluster()` with batchpilot's API installed, and a kubeconfig in `out_dir` that is
+    the operator's ServiceAccount."""
+    from e2e import operators
+
+    with local_cluster() as kube:
+        yield kube, operators.install_and_log_in(kube, out_dir / f"{name}-operator.kubeconfig")
 
 
 @contextlib.contextmanager
