@@ -81,7 +81,7 @@ def test_api_server_is_ready_and_a_kwok_node_is_ready(kube: Kube) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_deployment_gets_scheduled_running_pods(kube: Kube, namespace: str) -> None:
+def test_deployment_gets_two_running_pods_with_their_own_ips(kube: Kube, namespace: str) -> None:
     labels = {"app": "pause"}
     deployment = client.V1Deployment(
         metadata=client.V1ObjectMeta(name="pause"),

@@ -402,7 +402,7 @@ def test_model_the_servers_lack_and_unknown_time_zone_are_invalid_specs(
 
 
 @pytest.mark.timeout(90)
-def test_operator_exports_metrics_and_liveness(
+def test_operator_exports_the_active_profile_and_updated_targets_while_live(
     kube: Kube, namespace: str, start_operator: StartOperator
 ) -> None:
     ips = fleet.start_tritons(kube, namespace, 1)

@@ -212,14 +212,16 @@ async def test_failed_load_restores_the_previous_configuration(
 
 
 @pytest.mark.timeout(60)
-async def test_server_not_in_explicit_mode_is_named_as_such(triton_server: TritonFactory) -> None:
+async def test_server_not_in_explicit_mode_is_refused_naming_the_flag_it_needs(
+    triton_server: TritonFactory,
+) -> None:
     server = triton_server(demo_models.GPU_SIM, explicit=False)
     with pytest.raises(servers.ExplicitModeRequired, match="--model-control-mode=explicit"):
         await apply(server, BULK, "bulk")
 
 
 @pytest.mark.timeout(30)
-async def test_unreachable_server_fails_fast() -> None:
+async def test_unreachable_server_is_named_in_an_error_within_the_request_timeout() -> None:
     (port,) = local_triton.free_ports("127.0.0.1", 1)
     started = time.monotonic()
     async with servers.TritonServer(f"http://127.0.0.1:{port}", request_timeout=2) as triton:
