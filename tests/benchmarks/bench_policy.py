@@ -40,13 +40,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import datetime
 import functools
 import logging
 import sys
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -279,53 +280,66 @@ def pick(results: Sequence[SweepResult], slo_ms: float) -> SweepResult:
     return min(results, key=lambda r: r.probe("burst").p95_ms or float("inf"))
 
 
-async def sweep(
-    model: str, configs: Sequence[Config], plan: Sequence[Probe], out: Any
-) -> list[SweepResult]:
-    results = []
+Served = tuple[
+    local_triton.LocalTriton, servers.TritonServer, aiohttp.ClientSession, loadgen.InferencePayload
+]
+"""A local Triton serving one model alone; a client of it, an HTTP session and a payload that
+fits the model."""
+
+
+@contextlib.asynccontextmanager
+async def fresh_server(model: str) -> AsyncIterator[Served]:
     with local_triton.LocalTriton(
         model_repository=demo_models.MODEL_REPOSITORY, models=[model]
     ) as triton:
         server = servers.TritonServer(triton.http_url, metrics_url=triton.metrics_url)
         async with server, aiohttp.ClientSession() as session:
             payload = await loadgen.payload_from_metadata(session, triton.http_url, model)
-            for index, config in enumerate(configs):
-                await configure(server, model, config)
-                found = []
-                for probe in plan:
-                    before = scraping.parse(await server.metrics_text())
-                    load = await loadgen.run_load(
-                        base_url=triton.http_url,
-                        payload=payload,
-                        phases=[loadgen.Phase(rate=probe.rate, seconds=probe.seconds)],
-                        seed=SEED + index,
-                        session=session,
-                    )
-                    after = scraping.parse(await server.metrics_text())
-                    summary = load.summary()
-                    found.append(
-                        ProbeResult(
-                            label=probe.label,
-                            p95_ms=summary.latency_p95_ms,
-                            failed=summary.failed + summary.not_sent,
-                            device_seconds_per_1000=scraping.increase(
-                                before, after, model
-                            ).device_seconds_per_1000_inferences,
-                        )
-                    )
-                result = SweepResult(config=config, probes=tuple(found))
-                results.append(result)
-                out.write(
-                    f"  sweep {index + 1}/{len(configs)} {config.describe():<32}"
-                    + "".join(
-                        f"  {p.label} p95 {benchmarking.cell(p.p95_ms)} ms"
-                        + (f" ({p.failed} failed)" if p.failed else "")
-                        for p in found
-                    )
-                    + f"  backfill device-s/1k "
-                    f"{benchmarking.cell(result.probe('backfill').device_seconds_per_1000, 3)}\n"
+            yield triton, server, session, payload
+
+
+async def sweep(
+    model: str, configs: Sequence[Config], plan: Sequence[Probe], out: Any
+) -> list[SweepResult]:
+    results = []
+    async with fresh_server(model) as (triton, server, session, payload):
+        for index, config in enumerate(configs):
+            await configure(server, model, config)
+            found = []
+            for probe in plan:
+                before = scraping.parse(await server.metrics_text())
+                load = await loadgen.run_load(
+                    base_url=triton.http_url,
+                    payload=payload,
+                    phases=[loadgen.Phase(rate=probe.rate, seconds=probe.seconds)],
+                    seed=SEED + index,
+                    session=session,
                 )
-                out.flush()
+                after = scraping.parse(await server.metrics_text())
+                summary = load.summary()
+                found.append(
+                    ProbeResult(
+                        label=probe.label,
+                        p95_ms=summary.latency_p95_ms,
+                        failed=summary.failed + summary.not_sent,
+                        device_seconds_per_1000=scraping.increase(
+                            before, after, model
+                        ).device_seconds_per_1000_inferences,
+                    )
+                )
+            result = SweepResult(config=config, probes=tuple(found))
+            results.append(result)
+            out.write(
+                f"  sweep {index + 1}/{len(configs)} {config.describe():<32}"
+                + "".join(
+                    f"  {p.label} p95 {benchmarking.cell(p.p95_ms)} ms"
+                    + (f" ({p.failed} failed)" if p.failed else "")
+                    for p in found
+                )
+                + f"  backfill device-s/1k "
+                f"{benchmarking.cell(result.probe('backfill').device_seconds_per_1000, 3)}\n"
+            )
+            out.flush()
     return results
 
 
@@ -388,24 +402,19 @@ async def replay(
     out_dir: Path,
 ) -> Replay:
     """The day against a fresh server: `config` applied once, or batchpilot when it is None."""
-    with local_triton.LocalTriton(
-        model_repository=demo_models.MODEL_REPOSITORY, models=[model]
-    ) as triton:
-        server = servers.TritonServer(triton.http_url, metrics_url=triton.metrics_url)
-        async with server, aiohttp.ClientSession() as session:
-            payload = await loadgen.payload_from_metadata(session, triton.http_url, model)
-            if config is not None:
-                await configure(server, model, config)
-                return await _drive(day, triton, server, payload, session, contender, config)
-            window = signal_window(day)
-            # The sidecar reads Triton twice per rate window, as the runner ticks.
-            rates = ("--interval", f"{window / 2:g}", "--rate-window", f"{window:g}")
-            with local_sidecar.running(
-                triton, "--models", model, *rates, log=out_dir / f"sidecar-{model}.log"
-            ) as sidecar:
-                return await _drive_batchpilot(
-                    day, triton, server, payload, session, sidecar, model, window / 2
-                )
+    async with fresh_server(model) as (triton, server, session, payload):
+        if config is not None:
+            await configure(server, model, config)
+            return await _drive(day, triton, server, payload, session, contender, config)
+        window = signal_window(day)
+        # The sidecar reads Triton twice per rate window, as the runner ticks.
+        rates = ("--interval", f"{window / 2:g}", "--rate-window", f"{window:g}")
+        with local_sidecar.running(
+            triton, "--models", model, *rates, log=out_dir / f"sidecar-{model}.log"
+        ) as sidecar:
+            return await _drive_batchpilot(
+                day, triton, server, payload, session, sidecar, model, window / 2
+            )
 
 
 async def _drive(
