@@ -11,13 +11,11 @@ import asyncio
 import contextlib
 import random
 import threading
-import time
 import types
 from collections.abc import Sequence
 from typing import Self
 
-import aiohttp
-
+from batchpilot.kube import pods
 from batchpilot_harness import loadgen
 from e2e import fleet
 from e2e.kubes import Kube
@@ -70,7 +68,7 @@ class ReadyBalancer:
             conditions = {c.type: c.status for c in listed or []}
             if conditions.get("Ready") == "True":
                 ready.append(self.ips[name])
-            gate = conditions.get(fleet.GATE, "unset")
+            gate = conditions.get(pods.GATE, "unset")
             history = self.gate_history[name]
             if not history or history[-1] != gate:
                 history.append(gate)
@@ -84,65 +82,26 @@ class ReadyBalancer:
         seed: int = 0,
         request_timeout: float = 10.0,
     ) -> list[loadgen.RequestRecord]:
-        """Open-loop Poisson arrivals over `phases`, each sent to a Ready pod when it is due;
-        one record per arrival (not sent: no pod was Ready). Times are seconds after
-        `self.started`, a `time.monotonic()` reading."""
+        """Open-loop Poisson arrivals over `phases` (`loadgen.run_load`), each sent to a Ready
+        pod when it is due; one record per arrival (not sent: no pod was Ready). Times are
+        seconds after `self.started`, a `time.monotonic()` reading."""
         payload = loadgen.InferencePayload.for_input(
             model=model, input_name="INPUT", datatype="FP32", shape=[1, 16]
         )
-        arrivals = loadgen.poisson_arrivals(phases, seed=seed)
         chooser = random.Random(seed)
-        records: list[loadgen.RequestRecord] = []
-        timeout = aiohttp.ClientTimeout(total=request_timeout)
-        tasks: set[asyncio.Task[None]] = set()
-        self.started = time.monotonic()
 
-        async def send(session: aiohttp.ClientSession, arrival: loadgen.Arrival, ip: str) -> None:
-            sent = time.monotonic() - self.started
-            status: int | None = None
-            error: str | None = None
-            try:
-                async with session.post(
-                    f"http://{ip}:8000/v2/models/{model}/infer", data=payload.body, timeout=timeout
-                ) as response:
-                    await response.read()
-                    status = response.status
-                    if status != 200:
-                        error = f"{ip}: HTTP {status}"
-            except (aiohttp.ClientError, TimeoutError) as failure:
-                error = f"{ip}: {failure!r}"
-            finished = time.monotonic() - self.started
-            records.append(
-                loadgen.RequestRecord(
-                    phase=arrival.phase,
-                    scheduled=arrival.offset,
-                    sent=sent,
-                    latency=finished - sent if status is not None else None,
-                    status=status,
-                    error=error,
-                )
-            )
+        def ready_pod() -> str | None:
+            ready = self.ready
+            return fleet.triton_url(chooser.choice(ready)) if ready else None
 
-        async with aiohttp.ClientSession() as session:
-            for arrival in arrivals:
-                delay = self.started + arrival.offset - time.monotonic()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                targets = self.ready
-                if not targets:
-                    records.append(
-                        loadgen.RequestRecord(
-                            phase=arrival.phase,
-                            scheduled=arrival.offset,
-                            sent=None,
-                            latency=None,
-                            status=None,
-                            error="no Ready pod",
-                        )
-                    )
-                    continue
-                task = asyncio.create_task(send(session, arrival, chooser.choice(targets)))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-            await asyncio.gather(*tasks)
-        return sorted(records, key=lambda record: record.scheduled)
+        # asyncio's loop clock is time.monotonic(), which the callers compare `started` with.
+        self.started = asyncio.get_running_loop().time()
+        result = await loadgen.run_load(
+            base_url=ready_pod,
+            payload=payload,
+            phases=phases,
+            seed=seed,
+            request_timeout=request_timeout,
+            start=self.started,
+        )
+        return list(result.records)

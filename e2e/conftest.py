@@ -11,16 +11,14 @@ import asyncio
 import contextlib
 import os
 import re
-import uuid
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
-import kubernetes.client
 import pytest
 
-from e2e import fleet, kubes, operators, waiting
-from e2e.cluster import building, controlplane, locations, podnetwork
+from e2e import fleet, kubes, namespaces, operators, waiting
+from e2e.cluster import building, controlplane, locations
 
 ALLOWED_CONTEXTS = ("batchpilot-e2e", "kind-batchpilot")
 
@@ -144,49 +142,12 @@ def triton_pods(kube: kubes.Kube) -> None:
         )
 
 
-def _namespace_name(nodeid: str) -> str:
-    slug = re.sub(r"[^a-z0-9]+", "-", nodeid.rsplit("::", 1)[-1].lower()).strip("-")
-    return f"e2e-{slug[:40].strip('-')}-{uuid.uuid4().hex[:6]}"
-
-
 @pytest.fixture
 def namespace(kube: kubes.Kube, request: pytest.FixtureRequest) -> Iterator[str]:
-    name = _namespace_name(request.node.nodeid)
-    kube.core.create_namespace(
-        kubernetes.client.V1Namespace(
-            metadata=kubernetes.client.V1ObjectMeta(name=name, labels={"batchpilot.dev/e2e": "1"})
-        )
-    )
-
-    def service_account_exists() -> bool:
-        try:
-            kube.core.read_namespaced_service_account("default", name)
-        except kubernetes.client.ApiException as error:
-            if error.status == 404:
-                return False
-            raise
-        return True
-
-    # Pods are refused until the controller manager has made the default service account.
-    waiting.wait_for(f"service account default in {name}", service_account_exists)
-    yield name
-    pod_ips = {
-        pod.status.pod_ip
-        for pod in kube.core.list_namespaced_pod(name).items
-        if pod.status and pod.status.pod_ip
-    }
-    with contextlib.suppress(kubernetes.client.ApiException):
-        kube.core.delete_namespace(name)
-    if kube.local is not None and pod_ips:
-        # kwok hands a freed pod IP to the next pod at once; wait until the pod runner has
-        # stopped this test's processes and released their addresses, or the next test could
-        # reach a server that is still shutting down on the same IP.
-        cidrs = kube.local.pod_cidrs
-        waiting.wait_for(
-            f"the pod IPs of {name} released",
-            lambda: not pod_ips & set(podnetwork.addresses_in(cidrs)),
-            timeout=60,
-        )
+    slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")
+    name = namespaces.unique(f"e2e-{slug[:40].strip('-')}")
+    with namespaces.created(kube, name, label="batchpilot.dev/e2e") as created:
+        yield created
 
 
 @pytest.hookimpl(wrapper=True)
@@ -237,10 +198,7 @@ def _add_diagnostics(item: pytest.Item, report: pytest.TestReport) -> None:
 @pytest.fixture(scope="session")
 def operator_kubeconfig(kube: kubes.Kube, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The CRDs and the operator's RBAC installed; a kubeconfig that is its ServiceAccount."""
-    operators.install_api(kube)
-    return operators.service_account_kubeconfig(
-        kube, tmp_path_factory.mktemp("operator") / "kubeconfig"
-    )
+    return operators.install_and_log_in(kube, tmp_path_factory.mktemp("operator") / "kubeconfig")
 
 
 @pytest.fixture

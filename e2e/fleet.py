@@ -5,18 +5,24 @@ import json
 import os
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kubernetes import client
 
+from batchpilot.kube import pods
+from batchpilot_triton import endpoints, modelconfigs
 from e2e import waiting
 from e2e.cluster import podrunner
 from e2e.kubes import Kube
 
-GATE = "batchpilot.dev/config-applied"
 MODEL = "gpu_sim"
-PROFILE_PARAMETER = "batchpilot.dev/profile"
+PROFILES: dict[str, dict[str, Any]] = {
+    "interactive": {"maxQueueDelayMicroseconds": 2000, "preferredBatchSizes": [4, 8]},
+    "bulk": {"maxQueueDelayMicroseconds": 20000, "preferredBatchSizes": [32, 64]},
+}
+"""The two profiles that the e2e policies and the benchmarks switch between."""
+QUEUE_DELAY = {name: profile["maxQueueDelayMicroseconds"] for name, profile in PROFILES.items()}
 
 
 # Set by `python -m e2e.kind test`: the images of real Triton Pods on kind.
@@ -32,15 +38,40 @@ def pods_run_here(local: bool) -> bool:
     return local or bool(os.environ.get(TRITON_IMAGE_ENV))
 
 
+def triton_url(ip: str) -> str:
+    """Where the Triton of the Pod at `ip` serves HTTP."""
+    return f"http://{ip}:{endpoints.TRITON_HTTP_PORT}"
+
+
+def sidecar_url(ip: str) -> str:
+    return f"http://{ip}:{endpoints.SIDECAR_PORT}"
+
+
 def triton_pod(
     name: str, *, labels: dict[str, str], gated: bool, models: Sequence[str] = (MODEL,)
 ) -> client.V1Pod:
-    model_arguments = [argument for model in models for argument in ("--model", model)]
-    sidecar_arguments = [
-        "--triton-url=http://127.0.0.1:8000",
-        "--listen=0.0.0.0:9400",
-        "--rate-window=5",
-    ]
+    triton = client.V1Container(
+        name="triton",
+        image=os.environ.get(TRITON_IMAGE_ENV, UNPULLED_TRITON),
+        image_pull_policy="Never",
+        args=[argument for model in models for argument in ("--model", model)],
+        ports=[
+            client.V1ContainerPort(name="http", container_port=endpoints.TRITON_HTTP_PORT),
+            client.V1ContainerPort(name="metrics", container_port=endpoints.TRITON_METRICS_PORT),
+        ],
+    )
+    sidecar = client.V1Container(
+        name="batchpilot-sidecar",
+        image=os.environ.get(SIDECAR_IMAGE_ENV, UNPULLED_SIDECAR),
+        image_pull_policy="Never",
+        args=[
+            f"--triton-url={triton_url('127.0.0.1')}",
+            f"--listen={endpoints.EVERY_ADDRESS}:{endpoints.SIDECAR_PORT}",
+            "--rate-window=5",
+        ],
+        ports=[client.V1ContainerPort(name="sidecar", container_port=endpoints.SIDECAR_PORT)],
+    )
+    gates = [client.V1PodReadinessGate(condition_type=pods.GATE)] if gated else None
     return client.V1Pod(
         metadata=client.V1ObjectMeta(
             name=name,
@@ -51,26 +82,8 @@ def triton_pod(
             },
         ),
         spec=client.V1PodSpec(
-            containers=[
-                client.V1Container(
-                    name="triton",
-                    image=os.environ.get(TRITON_IMAGE_ENV, UNPULLED_TRITON),
-                    image_pull_policy="Never",
-                    args=model_arguments,
-                    ports=[
-                        client.V1ContainerPort(name="http", container_port=8000),
-                        client.V1ContainerPort(name="metrics", container_port=8002),
-                    ],
-                ),
-                client.V1Container(
-                    name="batchpilot-sidecar",
-                    image=os.environ.get(SIDECAR_IMAGE_ENV, UNPULLED_SIDECAR),
-                    image_pull_policy="Never",
-                    args=sidecar_arguments,
-                    ports=[client.V1ContainerPort(name="sidecar", container_port=9400)],
-                ),
-            ],
-            readiness_gates=[client.V1PodReadinessGate(condition_type=GATE)] if gated else None,
+            containers=[triton, sidecar],
+            readiness_gates=gates,
             termination_grace_period_seconds=5,
         ),
     )
@@ -94,7 +107,7 @@ def answers(url: str) -> bool:
 
 def triton_ready(ip: str) -> bool:
     """Triton serves, and so does the sidecar beside it."""
-    return answers(f"http://{ip}:8000/v2/health/ready") and answers(f"http://{ip}:9400/healthz")
+    return answers(f"{triton_url(ip)}/v2/health/ready") and answers(f"{sidecar_url(ip)}/healthz")
 
 
 def start_tritons(
@@ -126,14 +139,12 @@ def start_tritons(
 
 
 def served_config(ip: str, model: str = MODEL) -> dict[str, Any] | None:
-    config = http_json(f"http://{ip}:8000/v2/models/{model}/config")
+    config = http_json(f"{triton_url(ip)}/v2/models/{model}/config")
     return config if isinstance(config, dict) else None
 
 
 def served_profile(ip: str, model: str = MODEL) -> str | None:
-    config = served_config(ip, model) or {}
-    value = (config.get("parameters") or {}).get(PROFILE_PARAMETER) or {}
-    return value.get("string_value") if isinstance(value, dict) else None
+    return modelconfigs.applied_profile(served_config(ip, model) or {})
 
 
 def queue_delay(ip: str, model: str = MODEL) -> int | None:
@@ -142,9 +153,27 @@ def queue_delay(ip: str, model: str = MODEL) -> int | None:
     return int(delay) if delay is not None else None
 
 
+def everyone_serves(ips: dict[str, str], profile: str) -> Callable[[], bool]:
+    """A check that every Pod's Triton serves `profile` (one of PROFILES): named, and with its
+    queue delay."""
+
+    def check() -> bool:
+        return all(
+            served_profile(ip) == profile and queue_delay(ip) == QUEUE_DELAY[profile]
+            for ip in ips.values()
+        )
+
+    return check
+
+
 def pod_condition(kube: Kube, namespace: str, pod: str, kind: str) -> str | None:
     status = kube.core.read_namespaced_pod(pod, namespace).status
     for condition in (status.conditions if status else None) or []:
         if condition.type == kind:
             return str(condition.status)
     return None
+
+
+def gate_open(kube: Kube, namespace: str, pod: str) -> bool:
+    """Whether batchpilot holds the Pod's readiness gate True."""
+    return pod_condition(kube, namespace, pod, pods.GATE) == "True"

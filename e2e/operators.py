@@ -7,7 +7,6 @@ the ClusterRole in `manifests/rbac.yaml`, so every e2e test also proves that rol
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from batchpilot_harness import local_triton
 from e2e.kubes import Kube
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,6 +38,13 @@ def install_api(kube: Kube) -> None:
     assert created.returncode == 0 or "AlreadyExists" in created.stderr, created.stderr
     applied = kube.kubectl_run("apply", "-f", str(REPO / "manifests" / "rbac.yaml"))
     assert applied.returncode == 0, applied.stderr
+
+
+def install_and_log_in(kube: Kube, kubeconfig: Path) -> Path:
+    """The API installed (`install_api`), and `kubeconfig` written to log in as the operator's
+    ServiceAccount; its path."""
+    install_api(kube)
+    return service_account_kubeconfig(kube, kubeconfig)
 
 
 def service_account_kubeconfig(
@@ -71,13 +78,6 @@ def service_account_kubeconfig(
     return path
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 class OperatorProcess:
     """`batchpilot operator` in a process of its own, logging to a file."""
 
@@ -92,8 +92,7 @@ class OperatorProcess:
         extra: Sequence[str] = (),
     ) -> None:
         self.log_path = log_path
-        self.metrics_port = free_port()
-        self.liveness_port = free_port()
+        self.metrics_port, self.liveness_port = local_triton.free_ports("127.0.0.1", 2)
         argv = [
             sys.executable, "-m", "batchpilot", "operator",
             "--interval", str(interval),

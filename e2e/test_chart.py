@@ -216,7 +216,7 @@ def test_operator_with_the_chart_s_rbac_switches_a_real_triton(
         waiting.wait_for("bulk served", lambda: fleet.served_profile(ip) == "bulk", timeout=60)
         waiting.wait_for(
             "the readiness gate opened",
-            lambda: fleet.pod_condition(api, namespace, pod, fleet.GATE) == "True",
+            lambda: fleet.gate_open(api, namespace, pod),
             timeout=30,
         )
         operators.apply_policy(

@@ -9,13 +9,12 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
+from batchpilot.kube import pods
 from e2e import fleet, waiting
 from e2e.cluster import controlplane, podnetwork, podrunner
 from e2e.kubes import Kube
 
 pytestmark = pytest.mark.e2e
-
-GATE = "batchpilot.dev/config-applied"
 
 
 def pod_manifest(
@@ -57,10 +56,6 @@ def pod_ip(pod: client.V1Pod) -> str:
     return pod.status.pod_ip
 
 
-def pod_condition(kube: Kube, namespace: str, name: str, kind: str) -> str | None:
-    return condition(kube.core.read_namespaced_pod(name, namespace).status, kind)
-
-
 def http_get(url: str) -> str | None:
     try:
         with urllib.request.urlopen(url, timeout=2) as response:
@@ -86,7 +81,7 @@ def test_api_server_is_ready_and_a_kwok_node_is_ready(kube: Kube) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_deployment_gets_scheduled_running_pods(kube: Kube, namespace: str) -> None:
+def test_deployment_gets_two_running_pods_with_their_own_ips(kube: Kube, namespace: str) -> None:
     labels = {"app": "pause"}
     deployment = client.V1Deployment(
         metadata=client.V1ObjectMeta(name="pause"),
@@ -101,28 +96,28 @@ def test_deployment_gets_scheduled_running_pods(kube: Kube, namespace: str) -> N
     kube.apps.create_namespaced_deployment(namespace, deployment)
 
     def two_running() -> list[client.V1Pod] | None:
-        pods = kube.core.list_namespaced_pod(namespace, label_selector="app=pause").items
-        running = [p for p in pods if p.status and p.status.phase == "Running"]
+        listed = kube.core.list_namespaced_pod(namespace, label_selector="app=pause").items
+        running = [p for p in listed if p.status and p.status.phase == "Running"]
         return running if len(running) == 2 else None
 
-    pods = waiting.wait_for("2 running replicas", two_running)
-    assert len({pod_ip(pod) for pod in pods}) == 2
+    replicas = waiting.wait_for("2 running replicas", two_running)
+    assert len({pod_ip(pod) for pod in replicas}) == 2
 
 
 @pytest.mark.timeout(60)
 def test_readiness_gate_holds_ready_until_its_condition_is_true(kube: Kube, namespace: str) -> None:
-    kube.core.create_namespaced_pod(namespace, pod_manifest("gated", gates=(GATE,)))
+    kube.core.create_namespaced_pod(namespace, pod_manifest("gated", gates=(pods.GATE,)))
     pod = running_pod(kube, namespace, "gated")
     assert condition(pod.status, "ContainersReady") == "True"
-    assert condition(pod.status, GATE) is None  # kwok's own stages would have faked it True
+    assert condition(pod.status, pods.GATE) is None  # kwok's own stages would have faked it True
     assert condition(pod.status, "Ready") == "False"
 
     def set_gate(status: str) -> None:
-        body = {"status": {"conditions": [{"type": GATE, "status": status}]}}
+        body = {"status": {"conditions": [{"type": pods.GATE, "status": status}]}}
         kube.core.patch_namespaced_pod_status("gated", namespace, body)
 
     def ready_is(expected: str) -> bool:
-        return pod_condition(kube, namespace, "gated", "Ready") == expected
+        return fleet.pod_condition(kube, namespace, "gated", "Ready") == expected
 
     set_gate("True")
     waiting.wait_for("Ready=True after the gate passed", lambda: ready_is("True"), timeout=15)
@@ -135,7 +130,7 @@ def test_pod_without_gates_becomes_ready(kube: Kube, namespace: str) -> None:
     kube.core.create_namespaced_pod(namespace, pod_manifest("plain"))
     running_pod(kube, namespace, "plain")
     waiting.wait_for(
-        "Ready=True", lambda: pod_condition(kube, namespace, "plain", "Ready") == "True"
+        "Ready=True", lambda: fleet.pod_condition(kube, namespace, "plain", "Ready") == "True"
     )
 
 
@@ -151,9 +146,10 @@ def test_http_echo_pod_answers_on_its_pod_ip_until_deleted(
     assert any(address in ipaddress.ip_network(cidr) for cidr in local_cluster.pod_cidrs)
 
     assert ip in podnetwork.addresses_in(local_cluster.pod_cidrs)
-    body = waiting.wait_for("an answer from the pod", lambda: http_get(f"http://{ip}:8000/"))
+    url = f"http://{ip}:{podrunner.ECHO_PORT}/"
+    body = waiting.wait_for("an answer from the pod", lambda: http_get(url))
     assert body.strip() == f"{namespace}/echo"
-    assert listening(ip, 8000)
+    assert listening(ip, podrunner.ECHO_PORT)
 
     kube.core.delete_namespaced_pod("echo", namespace)
 
@@ -165,8 +161,10 @@ def test_http_echo_pod_answers_on_its_pod_ip_until_deleted(
         return False
 
     waiting.wait_for("the pod to be deleted", pod_gone)
-    waiting.wait_for("the process to stop", lambda: not listening(ip, 8000), timeout=15)
-    assert http_get(f"http://{ip}:8000/") is None
+    waiting.wait_for(
+        "the process to stop", lambda: not listening(ip, podrunner.ECHO_PORT), timeout=15
+    )
+    assert http_get(url) is None
     waiting.wait_for(
         "the address to leave lo",
         lambda: ip not in podnetwork.addresses_in(local_cluster.pod_cidrs),
@@ -205,7 +203,7 @@ def test_triton_pod_is_running_and_answers_inference_on_its_pod_ip(
         {"inputs": [{"name": "INPUT", "shape": [2, 16], "datatype": "FP32", "data": [0.5] * 32}]}
     ).encode()
     request = urllib.request.Request(
-        f"http://{ip}:8000/v2/models/{fleet.MODEL}/infer",
+        f"{fleet.triton_url(ip)}/v2/models/{fleet.MODEL}/infer",
         data=body,
         headers={"Content-Type": "application/json"},
     )

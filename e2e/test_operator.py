@@ -31,15 +31,11 @@ BASE_SPEC: dict[str, Any] = {
         "port": "http",
         "models": ["gpu_sim"],
     },
-    "profiles": {
-        "interactive": {"maxQueueDelayMicroseconds": 2000, "preferredBatchSizes": [4, 8]},
-        "bulk": {"maxQueueDelayMicroseconds": 20000, "preferredBatchSizes": [32, 64]},
-    },
+    "profiles": fleet.PROFILES,
     "defaultProfile": "bulk",
     "minDwellSeconds": 0,
     "rollout": {"maxUnavailable": 2},
 }
-DELAY = {"interactive": 2000, "bulk": 20000}
 
 
 def policy(name: str = "fleet", **spec: Any) -> dict[str, Any]:
@@ -51,16 +47,6 @@ def policy(name: str = "fleet", **spec: Any) -> dict[str, Any]:
         "metadata": {"name": name},
         "spec": body,
     }
-
-
-def everyone_serves(ips: dict[str, str], profile: str) -> Callable[[], bool]:
-    def check() -> bool:
-        return all(
-            fleet.served_profile(ip) == profile and fleet.queue_delay(ip) == DELAY[profile]
-            for ip in ips.values()
-        )
-
-    return check
 
 
 def status_of(kube: Kube, namespace: str, name: str = "fleet") -> dict[str, Any]:
@@ -110,7 +96,7 @@ def test_schedule_window_is_in_force_on_every_target_when_it_opens(
     start_operator(interval=interval)
     schedule = {"timezone": "UTC", "windows": [window], "leadTime": lead_time}
     operators.apply_policy(kube, namespace, policy(schedule=schedule))
-    waiting.wait_for("bulk on every target", everyone_serves(ips, "bulk"), timeout=30)
+    waiting.wait_for("bulk on every target", fleet.everyone_serves(ips, "bulk"), timeout=30)
     planned = status_of(kube, namespace)
     assert planned["nextTransitionTime"] == opens.strftime("%Y-%m-%dT%H:%M:%SZ")
     rollout_starts = datetime.datetime.fromisoformat(planned["plannedRolloutStart"])
@@ -120,7 +106,7 @@ def test_schedule_window_is_in_force_on_every_target_when_it_opens(
     time.sleep(max((rollout_starts - datetime.datetime.now(datetime.UTC)).total_seconds() - 1, 0))
     waiting.wait_for(
         "interactive on every target",
-        everyone_serves(ips, "interactive"),
+        fleet.everyone_serves(ips, "interactive"),
         timeout=60,
         interval=0.05,
     )
@@ -154,7 +140,7 @@ async def _burst(
     results = await asyncio.gather(
         *(
             loadgen.run_load(
-                base_url=f"http://{ip}:8000",
+                base_url=fleet.triton_url(ip),
                 payload=payload,
                 phases=[loadgen.Phase(rate=rate_per_pod, seconds=seconds)],
                 seed=index,
@@ -189,7 +175,9 @@ def test_load_rule_switches_under_a_burst_and_back_after_it(
             load={"source": source, "rules": [rule]},
         ),
     )
-    waiting.wait_for("interactive everywhere", everyone_serves(ips, "interactive"), timeout=30)
+    waiting.wait_for(
+        "interactive everywhere", fleet.everyone_serves(ips, "interactive"), timeout=30
+    )
     # Let the dwell of the first switch to interactive pass before the burst.
     time.sleep(dwell)
     with timeline(kube, namespace) as seen:
@@ -226,7 +214,7 @@ def test_override_switches_at_once_and_expires_on_time(
     ips = fleet.start_tritons(kube, namespace, 2)
     start_operator(interval=interval)
     operators.apply_policy(kube, namespace, policy(minDwellSeconds=600))
-    waiting.wait_for("bulk everywhere", everyone_serves(ips, "bulk"), timeout=30)
+    waiting.wait_for("bulk everywhere", fleet.everyone_serves(ips, "bulk"), timeout=30)
 
     until = datetime.datetime.now(datetime.UTC).replace(microsecond=0) + datetime.timedelta(
         seconds=20
@@ -239,14 +227,14 @@ def test_override_switches_at_once_and_expires_on_time(
     applied_at = time.monotonic()
     operators.apply_policy(kube, namespace, policy(minDwellSeconds=0, override=override))
     waiting.wait_for(
-        "interactive at once", everyone_serves(ips, "interactive"), timeout=20, interval=0.05
+        "interactive at once", fleet.everyone_serves(ips, "interactive"), timeout=20, interval=0.05
     )
     assert time.monotonic() - applied_at <= interval, "an override does not wait for a tick"
     assert status_of(kube, namespace)["reason"].endswith("desk opens early")
 
     time.sleep(max((until - datetime.datetime.now(datetime.UTC)).total_seconds() - 1, 0))
     waiting.wait_for(
-        "bulk after the override", everyone_serves(ips, "bulk"), timeout=20, interval=0.05
+        "bulk after the override", fleet.everyone_serves(ips, "bulk"), timeout=20, interval=0.05
     )
     expired_after = (datetime.datetime.now(datetime.UTC) - until).total_seconds()
     print(f"\nback to bulk {expired_after:.2f}s after the override expired")
@@ -290,7 +278,7 @@ def test_restarted_triton_behind_a_pod_is_reapplied(
     ips = fleet.start_tritons(kube, namespace, 2)
     start_operator(interval=2.0)
     operators.apply_policy(kube, namespace, policy())
-    waiting.wait_for("bulk everywhere", everyone_serves(ips, "bulk"), timeout=30)
+    waiting.wait_for("bulk everywhere", fleet.everyone_serves(ips, "bulk"), timeout=30)
 
     victim = ips["triton-0"]
     # The tritonserver itself dies, as a crash would; the pod runner starts it again.
@@ -302,7 +290,7 @@ def test_restarted_triton_behind_a_pod_is_reapplied(
     # The pod runner starts Triton again with its repository configuration; the operator
     # must notice and bring it back to bulk.
     waiting.wait_for("Triton back", lambda: fleet.triton_ready(victim), timeout=60)
-    waiting.wait_for("bulk re-applied", everyone_serves(ips, "bulk"), timeout=30)
+    waiting.wait_for("bulk re-applied", fleet.everyone_serves(ips, "bulk"), timeout=30)
 
 
 @pytest.mark.timeout(200)
@@ -315,7 +303,7 @@ def test_operator_killed_mid_rollout_converges_after_restart(
     operators.apply_policy(
         kube, namespace, policy(rollout={"maxUnavailable": 1, "drainTimeoutSeconds": 10})
     )
-    waiting.wait_for("bulk everywhere", everyone_serves(ips, "bulk"), timeout=60)
+    waiting.wait_for("bulk everywhere", fleet.everyone_serves(ips, "bulk"), timeout=60)
 
     operators.apply_policy(
         kube,
@@ -331,15 +319,17 @@ def test_operator_killed_mid_rollout_converges_after_restart(
 
     waiting.wait_for("the rollout half way", some_switched, timeout=40, interval=0.05)
     first.kill()
-    assert not everyone_serves(ips, "interactive")(), "the rollout finished before the kill"
+    assert not fleet.everyone_serves(ips, "interactive")(), "the rollout finished before the kill"
 
     start_operator(interval=2.0, extra=slow)
     waiting.wait_for(
-        "interactive everywhere after the restart", everyone_serves(ips, "interactive"), timeout=90
+        "interactive everywhere after the restart",
+        fleet.everyone_serves(ips, "interactive"),
+        timeout=90,
     )
 
     def all_gates_open() -> bool:
-        return all(fleet.pod_condition(kube, namespace, pod, fleet.GATE) == "True" for pod in ips)
+        return all(fleet.gate_open(kube, namespace, pod) for pod in ips)
 
     waiting.wait_for("every gate True again", all_gates_open, timeout=30)
     waiting.wait_for(
@@ -357,7 +347,7 @@ def test_readiness_gate_switch_under_load_fails_no_request(
     start_operator(interval=2.0)
     spec: dict[str, Any] = {"rollout": {"maxUnavailable": 1, "drainTimeoutSeconds": 10}}
     operators.apply_policy(kube, namespace, policy(**spec))
-    waiting.wait_for("bulk everywhere", everyone_serves(ips, "bulk"), timeout=60)
+    waiting.wait_for("bulk everywhere", fleet.everyone_serves(ips, "bulk"), timeout=60)
     waiting.wait_for(
         "both pods Ready",
         lambda: all(fleet.pod_condition(kube, namespace, p, "Ready") == "True" for p in ips),
@@ -374,7 +364,9 @@ def test_readiness_gate_switch_under_load_fails_no_request(
             return await driving
 
         records = asyncio.run(load_and_switch())
-        waiting.wait_for("interactive everywhere", everyone_serves(ips, "interactive"), timeout=30)
+        waiting.wait_for(
+            "interactive everywhere", fleet.everyone_serves(ips, "interactive"), timeout=30
+        )
     sent = sum(record.sent is not None for record in records)
     failures = [record for record in records if not record.succeeded]
     failed, examples = len(failures), [record.error for record in failures[:5]]
@@ -419,13 +411,13 @@ def test_model_the_servers_lack_and_unknown_time_zone_are_invalid_specs(
 
 
 @pytest.mark.timeout(90)
-def test_operator_exports_metrics_and_liveness(
+def test_operator_exports_the_active_profile_and_updated_targets_while_live(
     kube: Kube, namespace: str, start_operator: StartOperator
 ) -> None:
     ips = fleet.start_tritons(kube, namespace, 1)
     operator = start_operator()
     operators.apply_policy(kube, namespace, policy())
-    waiting.wait_for("bulk everywhere", everyone_serves(ips, "bulk"), timeout=30)
+    waiting.wait_for("bulk everywhere", fleet.everyone_serves(ips, "bulk"), timeout=30)
     page = operator.metrics()
     assert 'batchpilot_active_profile{policy="fleet",profile="bulk"} 1.0' in page
     assert 'batchpilot_targets{policy="fleet",state="updated"} 1.0' in page
@@ -447,7 +439,7 @@ def test_two_replicas_with_peering_leave_exactly_one_active(
     second = start_operator(standalone=False, extra=["--priority", "20"])
     first = start_operator(standalone=False, extra=["--priority", "10"])
     operators.apply_policy(kube, namespace, policy())
-    waiting.wait_for("bulk everywhere", everyone_serves(ips, "bulk"), timeout=60)
+    waiting.wait_for("bulk everywhere", fleet.everyone_serves(ips, "bulk"), timeout=60)
     time.sleep(3)  # a few ticks in which the follower, had it been active, would have acted
     assert "fleet: (none) -> bulk" in second.log
     assert "batchpilot.operator" not in first.log, "the lower-priority replica must stay paused"
@@ -455,6 +447,6 @@ def test_two_replicas_with_peering_leave_exactly_one_active(
     # The leader leaves (a rolling update, say): the follower takes over and serves changes.
     second.stop()
     operators.apply_policy(kube, namespace, policy(override={"profile": "interactive"}))
-    waiting.wait_for("the follower to apply", everyone_serves(ips, "interactive"), timeout=60)
+    waiting.wait_for("the follower to apply", fleet.everyone_serves(ips, "interactive"), timeout=60)
     assert "Resuming operations after the pause" in first.log
     assert "fleet: bulk -> interactive" in first.log

@@ -14,7 +14,6 @@ import ipaddress
 import json
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from batchpilot_harness import local_triton
 from e2e.cluster import (
     building,
     certificates,
@@ -132,20 +132,11 @@ class Cluster:
         )
 
 
-def free_port() -> int:
-    """A port that was free a moment ago; the window before the component binds it is small."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def pick_ports() -> Ports:
-    chosen: set[int] = set()
-    while len(chosen) < len(dataclasses.fields(Ports)):
-        chosen.add(free_port())
-    return Ports(
-        **dict(zip((f.name for f in dataclasses.fields(Ports)), sorted(chosen), strict=True))
-    )
+    """Ports that were free a moment ago; the window before the components bind them is small."""
+    names = [field.name for field in dataclasses.fields(Ports)]
+    chosen = local_triton.free_ports("127.0.0.1", len(names))
+    return Ports(**dict(zip(names, chosen, strict=True)))
 
 
 def node_pod_cidr(index: int) -> str:

@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
+from batchpilot_triton import endpoints
 from e2e.cluster import controlplane, locations, podnetwork, processes, rest
 
 RUNTIME_ANNOTATION = "batchpilot.dev/e2e-runtime"
@@ -39,11 +40,9 @@ STOP_TIMEOUT = 10.0
 WATCH_SECONDS = 5  # also how often exited processes are noticed and restarted
 RESTART_BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0)
 
-# Triton's three ports, as in the pod spec of the chart; fixed, because every pod has its own IP.
-TRITON_HTTP_PORT = 8000
-TRITON_GRPC_PORT = 8001
-TRITON_METRICS_PORT = 8002
-SIDECAR_PORT = 9400
+# Every pod has its own IP, so its servers listen on fixed ports: Triton and the sidecar on
+# their defaults (batchpilot_triton.endpoints), as in the chart; the http-echo stand-in on this.
+ECHO_PORT = 8000
 MODEL_REPOSITORY = locations.REPO_ROOT / "manifests" / "model-repository"
 
 
@@ -90,7 +89,10 @@ def http_echo_commands(pod: PodRequest, workspace: Workspace) -> tuple[Command, 
     www = workspace.directory / "www"
     www.mkdir(parents=True, exist_ok=True)
     (www / "index.html").write_text(f"{pod.namespace}/{pod.name}\n")
-    argv = (sys.executable, "-m", "http.server", "--bind", pod.ip, "--directory", str(www), "8000")
+    argv = (
+        sys.executable, "-m", "http.server",
+        "--bind", pod.ip, "--directory", str(www), str(ECHO_PORT),
+    )  # fmt: skip
     return (Command(container="main", argv=argv),)
 
 
@@ -102,11 +104,11 @@ def triton_commands(pod: PodRequest, workspace: Workspace) -> tuple[Command, ...
         "--host",
         pod.ip,
         "--http-port",
-        str(TRITON_HTTP_PORT),
+        str(endpoints.TRITON_HTTP_PORT),
         "--grpc-port",
-        str(TRITON_GRPC_PORT),
+        str(endpoints.TRITON_GRPC_PORT),
         "--metrics-port",
-        str(TRITON_METRICS_PORT),
+        str(endpoints.TRITON_METRICS_PORT),
         "--model-repository",
         str(MODEL_REPOSITORY),
     ]
@@ -118,9 +120,9 @@ def triton_commands(pod: PodRequest, workspace: Workspace) -> tuple[Command, ...
         "-m",
         "batchpilot_sidecar",
         "--triton-url",
-        f"http://{pod.ip}:{TRITON_HTTP_PORT}",
+        f"http://{pod.ip}:{endpoints.TRITON_HTTP_PORT}",
         "--listen",
-        f"{pod.ip}:{SIDECAR_PORT}",
+        f"{pod.ip}:{endpoints.SIDECAR_PORT}",
         # Rates over 5 s rather than 10: the e2e bursts last seconds.
         "--rate-window",
         "5",

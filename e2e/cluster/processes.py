@@ -13,9 +13,10 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from batchpilot_harness import processes as harness_processes
 from e2e.cluster import locations
 
 OWNER_ENV = "BATCHPILOT_E2E_OWNER"
@@ -80,27 +81,6 @@ def _read(path: Path) -> bytes:
         return b""
 
 
-def _stat_fields(pid: int) -> tuple[str, int] | None:
-    """(state, pgid) from /proc/PID/stat; None if the process is gone."""
-    stat = _read(Path(f"/proc/{pid}/stat")).decode(errors="replace")
-    if not stat:
-        return None
-    # The command name sits in parentheses and may contain spaces; fields follow the last ')'.
-    fields = stat[stat.rfind(")") + 2 :].split()
-    return fields[0], int(fields[2])
-
-
-def is_alive(pid: int) -> bool:
-    fields = _stat_fields(pid)
-    return fields is not None and fields[0] not in ("Z", "X")
-
-
-def all_pids() -> Iterator[int]:
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            yield int(entry.name)
-
-
 def is_owned(pid: int, state_dir: Path) -> bool:
     if owner_mark(state_dir) in _read(Path(f"/proc/{pid}/environ")).split(b"\0"):
         return True
@@ -119,10 +99,10 @@ def protected_pids() -> set[int]:
     pid = os.getpid()
     while pid > 1:
         protected.add(pid)
-        stat = _read(Path(f"/proc/{pid}/stat")).decode(errors="replace")
-        if not stat:
+        found = harness_processes.stat(pid)
+        if found is None:
             break
-        pid = int(stat[stat.rfind(")") + 2 :].split()[1])
+        pid = found.parent
     return protected
 
 
@@ -130,18 +110,9 @@ def owned_pids(state_dir: Path) -> list[int]:
     protected = protected_pids()
     return [
         pid
-        for pid in all_pids()
-        if pid not in protected and is_alive(pid) and is_owned(pid, state_dir)
+        for pid in harness_processes.pids()
+        if pid not in protected and harness_processes.is_alive(pid) and is_owned(pid, state_dir)
     ]
-
-
-def group_members(pgid: int) -> list[int]:
-    members = []
-    for pid in all_pids():
-        fields = _stat_fields(pid)
-        if fields is not None and fields[1] == pgid and fields[0] not in ("Z", "X"):
-            members.append(pid)
-    return members
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
@@ -152,17 +123,17 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
 def _wait_gone(pids: Sequence[int], timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not any(is_alive(pid) for pid in pids):
+        if not any(harness_processes.is_alive(pid) for pid in pids):
             return True
         time.sleep(0.05)
-    return not any(is_alive(pid) for pid in pids)
+    return not any(harness_processes.is_alive(pid) for pid in pids)
 
 
 def stop_group(pid: int, *, state_dir: Path, timeout: float = 10.0) -> None:
     """SIGTERM the process group led by pid, then SIGKILL whatever outlives the timeout."""
-    if not is_alive(pid) or not is_owned(pid, state_dir):
+    if not harness_processes.is_alive(pid) or not is_owned(pid, state_dir):
         return
-    members = group_members(pid) or [pid]
+    members = harness_processes.group_members(pid) or [pid]
     _signal_group(pid, signal.SIGTERM)
     if not _wait_gone(members, timeout):
         _signal_group(pid, signal.SIGKILL)
@@ -187,7 +158,7 @@ def sweep(state_dir: Path, *, timeout: float = 5.0) -> list[int]:
             os.kill(pid, signal.SIGTERM)
     if not _wait_gone(leftovers, timeout):
         for pid in leftovers:
-            if is_alive(pid):
+            if harness_processes.is_alive(pid):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
         _wait_gone(leftovers, 5.0)

@@ -6,7 +6,9 @@ have returned: a closed loop would slow down exactly when the server does and hi
 that dynamic batching is about. A bound on requests in flight keeps a stalled server from using up
 sockets and memory; an arrival that finds the bound reached is not sent, and is counted as such.
 
-Used by the demo, the integration tests and the benchmarks, and runnable as
+Requests go to one server, or each to the one an `Endpoint` picks when it is due (a client-side
+load balancer: `e2e.balancing`). Used by the demo, the integration tests, the benchmarks and the
+e2e tests, and runnable as
 `python -m batchpilot_harness.loadgen --url URL --model NAME --phase RATE:SECONDS ...`.
 """
 
@@ -142,7 +144,7 @@ class RequestRecord:
 
     phase: int
     scheduled: float
-    sent: float | None  # None: the in-flight bound was reached when it was due
+    sent: float | None  # None: not sent, for the reason in `error`
     latency: float | None  # from sending to the end of the response; None without a response
     status: int | None  # HTTP status; None when not sent or when the connection failed
     error: str | None = None
@@ -223,9 +225,13 @@ class LoadResult:
         )
 
 
+Endpoint = Callable[[], str | None]
+"""Picks the base URL of a request when it is due, as a load balancer does; None: nowhere."""
+
+
 async def run_load(
     *,
-    base_url: str,
+    base_url: str | Endpoint,
     payload: InferencePayload,
     phases: Sequence[Phase],
     seed: int = 0,
@@ -233,14 +239,18 @@ async def run_load(
     request_timeout: float = 30.0,
     session: aiohttp.ClientSession | None = None,
     on_record: Callable[[RequestRecord], None] | None = None,
+    start: float | None = None,
 ) -> LoadResult:
     """Send the schedule's arrivals to `{base_url}/v2/models/{model}/infer`; wait for them all.
 
+    `base_url` may be an `Endpoint` that picks one for each request (`e2e.balancing` does). `start`
+    is the event loop's time at offset 0 of the schedule, by default a moment from now.
     `on_record` sees each request's record as soon as it is complete, for live views."""
     arrivals = poisson_arrivals(phases, seed=seed)
     run = functools.partial(
         _run,
-        base_url=base_url,
+        endpoint=base_url if callable(base_url) else lambda: base_url,
+        start=start,
         payload=payload,
         phases=phases,
         arrivals=arrivals,
@@ -258,7 +268,8 @@ async def run_load(
 async def _run(
     session: aiohttp.ClientSession,
     *,
-    base_url: str,
+    endpoint: Endpoint,
+    start: float | None,
     payload: InferencePayload,
     phases: Sequence[Phase],
     arrivals: Sequence[Arrival],
@@ -267,54 +278,67 @@ async def _run(
     on_record: Callable[[RequestRecord], None] | None,
 ) -> LoadResult:
     loop = asyncio.get_running_loop()
-    url = f"{base_url}/v2/models/{payload.model}/infer"
+    path = f"/v2/models/{payload.model}/infer"
     headers = {"Content-Type": "application/json"}
     timeout = aiohttp.ClientTimeout(total=request_timeout)
     records: list[RequestRecord | None] = [None] * len(arrivals)
     in_flight: set[asyncio.Task[None]] = set()
-    start = loop.time() + _START_LEAD_SECONDS
+    origin = loop.time() + _START_LEAD_SECONDS if start is None else start
 
-    async def send(index: int, arrival: Arrival) -> None:
-        sent = loop.time() - start
+    async def send(index: int, arrival: Arrival, base_url: str) -> None:
+        sent = loop.time() - origin
         status: int | None = None
         error: str | None = None
         try:
             async with session.post(
-                url, data=payload.body, headers=headers, timeout=timeout
+                f"{base_url}{path}", data=payload.body, headers=headers, timeout=timeout
             ) as response:
                 body = await response.read()
                 status = response.status
                 if status != 200:
                     error = body[:_ERROR_TEXT_LIMIT].decode(errors="replace")
         except (aiohttp.ClientError, TimeoutError) as failure:
-            error = f"{type(failure).__name__}: {failure}"[:_ERROR_TEXT_LIMIT]
-        finished = loop.time() - start
+            error = f"{type(failure).__name__}: {failure}"
+        finished = loop.time() - origin
         record = RequestRecord(
             phase=arrival.phase,
             scheduled=arrival.offset,
             sent=sent,
             latency=finished - sent if status is not None else None,
             status=status,
-            error=error,
+            # Which server failed, where there are several.
+            error=None if error is None else f"{base_url}: {error}"[:_ERROR_TEXT_LIMIT],
         )
         records[index] = record
         if on_record is not None:
             on_record(record)
 
+    def not_sent(arrival: Arrival, reason: str) -> RequestRecord:
+        return RequestRecord(
+            phase=arrival.phase,
+            scheduled=arrival.offset,
+            sent=None,
+            latency=None,
+            status=None,
+            error=reason,
+        )
+
     for index, arrival in enumerate(arrivals):
-        delay = start + arrival.offset - loop.time()
+        delay = origin + arrival.offset - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
         if len(in_flight) >= max_in_flight:
-            records[index] = RequestRecord(
-                phase=arrival.phase, scheduled=arrival.offset, sent=None, latency=None, status=None
-            )
+            records[index] = not_sent(arrival, f"{max_in_flight} requests in flight already")
             continue
-        task = asyncio.create_task(send(index, arrival))
+        base_url = endpoint()
+        if base_url is None:
+            records[index] = not_sent(arrival, "no endpoint to send it to")
+            continue
+        task = asyncio.create_task(send(index, arrival, base_url))
         in_flight.add(task)
         task.add_done_callback(in_flight.discard)
     # Silence at the end of the schedule is part of it, like silence anywhere else.
-    remaining = start + sum(p.seconds for p in phases) - loop.time()
+    remaining = origin + sum(p.seconds for p in phases) - loop.time()
     if remaining > 0:
         await asyncio.sleep(remaining)
     await asyncio.gather(*in_flight)

@@ -53,6 +53,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Self
 
+from batchpilot_harness import processes
+
 # The demo models' emulated device is one lock file per server; see manifests/model-repository.
 DEVICE_LOCK_ENV = "BATCHPILOT_DEVICE_LOCK"
 CACHE_ENV = "BATCHPILOT_CACHE"
@@ -211,36 +213,6 @@ def _url_host(host: str) -> str:
     if address.is_unspecified:
         address = ipaddress.ip_address("::1" if address.version == 6 else "127.0.0.1")
     return f"[{address}]" if address.version == 6 else str(address)
-
-
-@dataclasses.dataclass(frozen=True)
-class _ProcessEntry:
-    pid: int
-    parent: int
-    zombie: bool
-
-
-def _group_processes(pgid: int) -> list[_ProcessEntry]:
-    entries = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # The fields after the command name, which is parenthesised and may contain anything.
-        state, parent, group = stat[stat.rindex(")") + 2 :].split()[:3]
-        if int(group) == pgid:
-            entries.append(
-                _ProcessEntry(pid=int(entry.name), parent=int(parent), zombie=state == "Z")
-            )
-    return entries
-
-
-def process_group_members(pgid: int) -> list[int]:
-    """The live (not zombie) processes of a process group, read from /proc."""
-    return [entry.pid for entry in _group_processes(pgid) if not entry.zombie]
 
 
 def _exit_status(pid: int) -> int | None:
@@ -511,8 +483,8 @@ class LocalTriton:
         while True:
             remaining = [
                 entry
-                for entry in _group_processes(pgid)
-                if not entry.zombie or entry.parent == os.getpid()
+                for entry in processes.group(pgid)
+                if entry.alive or entry.parent == os.getpid()
             ]
             if not remaining:
                 return

@@ -40,16 +40,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import datetime
 import functools
 import logging
-import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +58,7 @@ from batchpilot import running, telemetry
 from batchpilot.applying import actuators
 from batchpilot.policy import documents, rendering, specs
 from batchpilot.signals import sidecars
-from batchpilot_harness import demo_models, loadgen, local_triton
+from batchpilot_harness import demo_models, loadgen, local_sidecar, local_triton
 from batchpilot_triton import scraping, servers
 
 REPO = Path(__file__).resolve().parents[2]
@@ -282,53 +280,66 @@ def pick(results: Sequence[SweepResult], slo_ms: float) -> SweepResult:
     return min(results, key=lambda r: r.probe("burst").p95_ms or float("inf"))
 
 
-async def sweep(
-    model: str, configs: Sequence[Config], plan: Sequence[Probe], out: Any
-) -> list[SweepResult]:
-    results = []
+Served = tuple[
+    local_triton.LocalTriton, servers.TritonServer, aiohttp.ClientSession, loadgen.InferencePayload
+]
+"""A local Triton serving one model alone; a client of it, an HTTP session and a payload that
+fits the model."""
+
+
+@contextlib.asynccontextmanager
+async def fresh_server(model: str) -> AsyncIterator[Served]:
     with local_triton.LocalTriton(
         model_repository=demo_models.MODEL_REPOSITORY, models=[model]
     ) as triton:
         server = servers.TritonServer(triton.http_url, metrics_url=triton.metrics_url)
         async with server, aiohttp.ClientSession() as session:
             payload = await loadgen.payload_from_metadata(session, triton.http_url, model)
-            for index, config in enumerate(configs):
-                await configure(server, model, config)
-                found = []
-                for probe in plan:
-                    before = scraping.parse(await server.metrics_text())
-                    load = await loadgen.run_load(
-                        base_url=triton.http_url,
-                        payload=payload,
-                        phases=[loadgen.Phase(rate=probe.rate, seconds=probe.seconds)],
-                        seed=SEED + index,
-                        session=session,
-                    )
-                    after = scraping.parse(await server.metrics_text())
-                    summary = load.summary()
-                    found.append(
-                        ProbeResult(
-                            label=probe.label,
-                            p95_ms=summary.latency_p95_ms,
-                            failed=summary.failed + summary.not_sent,
-                            device_seconds_per_1000=scraping.increase(
-                                before, after, model
-                            ).device_seconds_per_1000_inferences,
-                        )
-                    )
-                result = SweepResult(config=config, probes=tuple(found))
-                results.append(result)
-                out.write(
-                    f"  sweep {index + 1}/{len(configs)} {config.describe():<32}"
-                    + "".join(
-                        f"  {p.label} p95 {benchmarking.cell(p.p95_ms)} ms"
-                        + (f" ({p.failed} failed)" if p.failed else "")
-                        for p in found
-                    )
-                    + f"  backfill device-s/1k "
-                    f"{benchmarking.cell(result.probe('backfill').device_seconds_per_1000, 3)}\n"
+            yield triton, server, session, payload
+
+
+async def sweep(
+    model: str, configs: Sequence[Config], plan: Sequence[Probe], out: Any
+) -> list[SweepResult]:
+    results = []
+    async with fresh_server(model) as (triton, server, session, payload):
+        for index, config in enumerate(configs):
+            await configure(server, model, config)
+            found = []
+            for probe in plan:
+                before = scraping.parse(await server.metrics_text())
+                load = await loadgen.run_load(
+                    base_url=triton.http_url,
+                    payload=payload,
+                    phases=[loadgen.Phase(rate=probe.rate, seconds=probe.seconds)],
+                    seed=SEED + index,
+                    session=session,
                 )
-                out.flush()
+                after = scraping.parse(await server.metrics_text())
+                summary = load.summary()
+                found.append(
+                    ProbeResult(
+                        label=probe.label,
+                        p95_ms=summary.latency_p95_ms,
+                        failed=summary.failed + summary.not_sent,
+                        device_seconds_per_1000=scraping.increase(
+                            before, after, model
+                        ).device_seconds_per_1000_inferences,
+                    )
+                )
+            result = SweepResult(config=config, probes=tuple(found))
+            results.append(result)
+            out.write(
+                f"  sweep {index + 1}/{len(configs)} {config.describe():<32}"
+                + "".join(
+                    f"  {p.label} p95 {benchmarking.cell(p.p95_ms)} ms"
+                    + (f" ({p.failed} failed)" if p.failed else "")
+                    for p in found
+                )
+                + f"  backfill device-s/1k "
+                f"{benchmarking.cell(result.probe('backfill').device_seconds_per_1000, 3)}\n"
+            )
+            out.flush()
     return results
 
 
@@ -382,47 +393,6 @@ def signal_window(day: benchmarking.TradingDay) -> float:
     return min(max(150.0 / day.speed, 0.25), 1.0)
 
 
-class Sidecar:
-    """`python -m batchpilot_sidecar` next to the server, as in a Triton Pod."""
-
-    def __init__(
-        self, triton: local_triton.LocalTriton, model: str, log: Path, *, rate_window: float
-    ) -> None:
-        (port,) = local_triton.free_ports("127.0.0.1", 1)
-        self.url = f"http://127.0.0.1:{port}"
-        argv = [
-            sys.executable, "-m", "batchpilot_sidecar",
-            "--triton-url", triton.http_url,
-            "--metrics-url", triton.metrics_url,
-            "--listen", f"127.0.0.1:{port}",
-            "--models", model,
-            "--interval", f"{rate_window / 2:g}", "--rate-window", f"{rate_window:g}",
-        ]  # fmt: skip
-        with log.open("ab") as output:
-            self.process = subprocess.Popen(argv, stdout=output, stderr=subprocess.STDOUT)
-
-    def wait_healthy(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the sidecar exited with {self.process.returncode}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/healthz", timeout=2):
-                    return
-            except (urllib.error.URLError, OSError):
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the sidecar did not come up") from None
-                time.sleep(0.1)
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-
-
 async def replay(
     *,
     day: benchmarking.TradingDay,
@@ -432,24 +402,19 @@ async def replay(
     out_dir: Path,
 ) -> Replay:
     """The day against a fresh server: `config` applied once, or batchpilot when it is None."""
-    with local_triton.LocalTriton(
-        model_repository=demo_models.MODEL_REPOSITORY, models=[model]
-    ) as triton:
-        server = servers.TritonServer(triton.http_url, metrics_url=triton.metrics_url)
-        async with server, aiohttp.ClientSession() as session:
-            payload = await loadgen.payload_from_metadata(session, triton.http_url, model)
-            if config is not None:
-                await configure(server, model, config)
-                return await _drive(day, triton, server, payload, session, contender, config)
-            window = signal_window(day)
-            sidecar = Sidecar(triton, model, out_dir / f"sidecar-{model}.log", rate_window=window)
-            try:
-                sidecar.wait_healthy()
-                return await _drive_batchpilot(
-                    day, triton, server, payload, session, sidecar, model, window / 2
-                )
-            finally:
-                sidecar.stop()
+    async with fresh_server(model) as (triton, server, session, payload):
+        if config is not None:
+            await configure(server, model, config)
+            return await _drive(day, triton, server, payload, session, contender, config)
+        window = signal_window(day)
+        # The sidecar reads Triton twice per rate window, as the runner ticks.
+        rates = ("--interval", f"{window / 2:g}", "--rate-window", f"{window:g}")
+        with local_sidecar.running(
+            triton, "--models", model, *rates, log=out_dir / f"sidecar-{model}.log"
+        ) as sidecar:
+            return await _drive_batchpilot(
+                day, triton, server, payload, session, sidecar, model, window / 2
+            )
 
 
 async def _drive(
@@ -506,7 +471,7 @@ async def _drive_batchpilot(
     server: servers.TritonServer,
     payload: loadgen.InferencePayload,
     session: aiohttp.ClientSession,
-    sidecar: Sidecar,
+    sidecar: local_sidecar.LocalSidecar,
     model: str,
     tick_seconds: float,
 ) -> Replay:
@@ -853,12 +818,12 @@ async def benchmark(arguments: argparse.Namespace) -> int:
     tables = functools.partial(
         render, day=day, model=model, reports=reports, sweep_results=sweep_results, chosen=chosen
     )
-    out.write("\n" + tables(markdown=False) + "\n")
     seconds = time.monotonic() - started
     benchmarking.write_summary(
         out_dir,
         f"summary-{model}",
-        markdown=tables(markdown=True),
+        tables=tables,
+        out=out,
         data=summary_json(
             day=day,
             model=model,

@@ -36,6 +36,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import datetime
+import functools
 import os
 import sys
 import time
@@ -46,25 +47,18 @@ from typing import Any
 import aiohttp
 import benchmarking
 import kubernetes.client
-from e2e import fleet, operators
+from e2e import fleet, operators, waiting
 from e2e.kubes import Kube
 from prometheus_client.parser import text_string_to_metric_families
 
 from batchpilot.applying import actuators
 from batchpilot.policy import rendering, specs
-from batchpilot_harness import demo_models
-from batchpilot_triton import servers
+from batchpilot_harness import demo_models, processes
+from batchpilot_triton import modelconfigs, servers
 
 GROUP, VERSION, PLURAL = "batchpilot.dev", "v1alpha1", "batchpolicies"
-PROFILES: dict[str, dict[str, Any]] = {
-    "interactive": {"maxQueueDelayMicroseconds": 2000, "preferredBatchSizes": [4, 8]},
-    "bulk": {"maxQueueDelayMicroseconds": 20000, "preferredBatchSizes": [32, 64]},
-}
-DELAY = {name: profile["maxQueueDelayMicroseconds"] for name, profile in PROFILES.items()}
 INTERVAL = 5.0
 """The operator's timer (its default)."""
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -82,17 +76,7 @@ def plan(*, short: bool) -> Plan:
     return Plan(servers=32, namespaces=4, policy_counts=(50, 100, 200), lead_seconds=60.0)
 
 
-# -- the operator process, seen from /proc and /metrics ----------------------------------------
-
-
-def cpu_seconds(pid: int) -> float:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime, all threads
-
-
-def rss_bytes(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE_SIZE
+# -- the operator process, seen from its /metrics ----------------------------------------------
 
 
 def reconciles(page: str) -> float:
@@ -124,7 +108,10 @@ class Sample:
     def of(cls, operator: operators.OperatorProcess) -> Sample:
         pid = operator.process.pid
         return cls(
-            time.monotonic(), cpu_seconds(pid), rss_bytes(pid), reconciles(operator.metrics())
+            time.monotonic(),
+            processes.cpu_seconds(pid),
+            processes.resident_bytes(pid),
+            reconciles(operator.metrics()),
         )
 
 
@@ -156,7 +143,7 @@ def start_servers(kube: Kube, namespaces: Sequence[str], count: int) -> list[Ser
             found.append(Server(namespace=namespace, pod=pod, ip=ip))
         return found
 
-    found: list[Server] = benchmarking.wait_until(
+    found: list[Server] = waiting.wait_for(
         f"{count} Triton pods serving", serving, timeout=60 + 10 * count, interval=1.0
     )
     return found
@@ -164,10 +151,10 @@ def start_servers(kube: Kube, namespaces: Sequence[str], count: int) -> list[Ser
 
 async def single_reload_seconds(server: Server) -> float:
     """One reload of one idle server, alone: the time a replica wave takes at best."""
-    async with servers.TritonServer(f"http://{server.ip}:8000") as triton:
+    async with servers.TritonServer(fleet.triton_url(server.ip)) as triton:
         timings = []
         for name in ("interactive", "bulk"):
-            settings = rendering.render(specs.Profile.model_validate(PROFILES[name]))
+            settings = rendering.render(specs.Profile.model_validate(fleet.PROFILES[name]))
             applied = await actuators.apply_profile(
                 triton, demo_models.GPU_SIM, settings, profile=f"probe-{name}"
             )
@@ -190,7 +177,7 @@ def policy(name: str, pod: str, *, dry_run: bool, opens: datetime.datetime) -> d
                 "port": "http",
                 "models": [fleet.MODEL],
             },
-            "profiles": PROFILES,
+            "profiles": fleet.PROFILES,
             "defaultProfile": "bulk",
             "schedule": {
                 "timezone": "UTC",
@@ -317,16 +304,15 @@ async def _serving_since(
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
 
         async def check(server: Server) -> None:
-            url = f"http://{server.ip}:8000/v2/models/{fleet.MODEL}/config"
+            url = f"{fleet.triton_url(server.ip)}/v2/models/{fleet.MODEL}/config"
             try:
                 async with session.get(url) as response:
                     config = await response.json()
             except (aiohttp.ClientError, TimeoutError, ValueError):
                 return
-            parameters = config.get("parameters") or {}
-            running = parameters.get(fleet.PROFILE_PARAMETER, {}).get("string_value")
+            running = modelconfigs.applied_profile(config)
             delay = (config.get("dynamic_batching") or {}).get("max_queue_delay_microseconds")
-            if running == profile and delay == DELAY[profile]:
+            if running == profile and delay == fleet.QUEUE_DELAY[profile]:
                 served.setdefault(server.pod, time.monotonic() - boundary)
 
         while len(served) < len(live) and time.monotonic() < deadline:
@@ -354,7 +340,7 @@ def run_size(
         interval=INTERVAL,
     )
     try:
-        benchmarking.wait_until("the operator's liveness", operator.healthy, timeout=60)
+        waiting.wait_for("the operator's liveness", operator.healthy, timeout=60)
         now = datetime.datetime.now(datetime.UTC)
         opens = (now + datetime.timedelta(seconds=the_plan.lead_seconds)).replace(
             second=0, microsecond=0
@@ -370,7 +356,7 @@ def run_size(
         created_at = time.monotonic()
         _create(kube, documents)
         create_seconds = time.monotonic() - created_at
-        benchmarking.wait_until(
+        waiting.wait_for(
             f"{count} policies reconciled, bulk everywhere",
             lambda: _settled(_statuses(kube, namespaces), count, "bulk"),
             timeout=max((opens - datetime.datetime.now(datetime.UTC)).total_seconds() - 5, 5),
@@ -382,7 +368,7 @@ def run_size(
         peak = before.rss
         while until_boundary > 1.0:
             time.sleep(min(1.0, until_boundary - 1.0))
-            peak = max(peak, rss_bytes(operator.process.pid))
+            peak = max(peak, processes.resident_bytes(operator.process.pid))
             until_boundary = (opens - datetime.datetime.now(datetime.UTC)).total_seconds()
         steady_end = Sample.of(operator)
         boundary = time.monotonic() + until_boundary
@@ -395,7 +381,7 @@ def run_size(
             if _settled(_statuses(kube, namespaces), count, "interactive"):
                 statuses_converged = time.monotonic() - boundary
                 break
-            peak = max(peak, rss_bytes(operator.process.pid))
+            peak = max(peak, processes.resident_bytes(operator.process.pid))
             time.sleep(0.25)
         after = Sample.of(operator)
         warnings, examples = warning_events(kube, namespaces)
@@ -520,6 +506,21 @@ def render(facts: FleetFacts, sizes: Sequence[SizeReport], *, markdown: bool) ->
     return "\n".join(lines)
 
 
+def summary_json(facts: FleetFacts, sizes: Sequence[SizeReport]) -> dict[str, Any]:
+    return {
+        "fleet": dataclasses.asdict(facts),
+        "interval": INTERVAL,
+        "sizes": [
+            {
+                **dataclasses.asdict(size),
+                "cpu_per_reconcile": size.cpu_per_reconcile,
+                "cpu_per_tick": size.cpu_per_tick,
+            }
+            for size in sizes
+        ],
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Operator scale: many policies, real Tritons.")
     parser.add_argument("--short", action="store_true", help="2 Tritons, 10 policies")
@@ -542,65 +543,50 @@ def main(argv: Sequence[str] | None = None) -> int:
         flush=True,
     )
     sizes = []
-    with benchmarking.local_cluster() as kube:
-        operators.install_api(kube)
-        operator_kubeconfig = operators.service_account_kubeconfig(
-            kube, out_dir / "scale-operator.kubeconfig"
+    with (
+        benchmarking.operator_cluster(out_dir, "scale") as (kube, operator_kubeconfig),
+        contextlib.ExitStack() as stack,
+    ):
+        namespaces = [
+            stack.enter_context(benchmarking.namespace(kube, f"bench-scale-{index}"))
+            for index in range(the_plan.namespaces)
+        ]
+        available = mem_available_bytes()
+        starting = time.monotonic()
+        fleet_servers = start_servers(kube, namespaces, the_plan.servers)
+        start_seconds = time.monotonic() - starting
+        time.sleep(3)
+        facts = FleetFacts(
+            servers=len(fleet_servers),
+            namespaces=len(namespaces),
+            start_seconds=start_seconds,
+            memory_per_server=max(available - mem_available_bytes(), 1) / len(fleet_servers),
+            mem_available_before=available,
+            single_reload=asyncio.run(single_reload_seconds(fleet_servers[0])),
         )
-        with contextlib.ExitStack() as stack:
-            namespaces = [
-                stack.enter_context(benchmarking.namespace(kube, f"bench-scale-{index}"))
-                for index in range(the_plan.namespaces)
-            ]
-            available = mem_available_bytes()
-            starting = time.monotonic()
-            fleet_servers = start_servers(kube, namespaces, the_plan.servers)
-            start_seconds = time.monotonic() - starting
-            time.sleep(3)
-            facts = FleetFacts(
-                servers=len(fleet_servers),
-                namespaces=len(namespaces),
-                start_seconds=start_seconds,
-                memory_per_server=max(available - mem_available_bytes(), 1) / len(fleet_servers),
-                mem_available_before=available,
-                single_reload=asyncio.run(single_reload_seconds(fleet_servers[0])),
+        print(f"  {facts.servers} Tritons serving after {start_seconds:.0f} s", flush=True)
+        for count in the_plan.policy_counts:
+            size_started = time.monotonic()
+            sizes.append(
+                run_size(
+                    kube,
+                    operator_kubeconfig,
+                    namespaces,
+                    fleet_servers,
+                    count,
+                    the_plan,
+                    out_dir,
+                )
             )
-            print(f"  {facts.servers} Tritons serving after {start_seconds:.0f} s", flush=True)
-            for count in the_plan.policy_counts:
-                size_started = time.monotonic()
-                sizes.append(
-                    run_size(
-                        kube,
-                        operator_kubeconfig,
-                        namespaces,
-                        fleet_servers,
-                        count,
-                        the_plan,
-                        out_dir,
-                    )
-                )
-                print(
-                    f"  {count} policies: done in {time.monotonic() - size_started:.0f} s",
-                    flush=True,
-                )
-    text = render(facts, sizes, markdown=False)
-    print("\n" + text)
+            print(
+                f"  {count} policies: done in {time.monotonic() - size_started:.0f} s",
+                flush=True,
+            )
     benchmarking.write_summary(
         out_dir,
         "summary-scale",
-        markdown=render(facts, sizes, markdown=True),
-        data={
-            "fleet": dataclasses.asdict(facts),
-            "interval": INTERVAL,
-            "sizes": [
-                {
-                    **dataclasses.asdict(size),
-                    "cpu_per_reconcile": size.cpu_per_reconcile,
-                    "cpu_per_tick": size.cpu_per_tick,
-                }
-                for size in sizes
-            ],
-        },
+        tables=functools.partial(render, facts, sizes),
+        data=summary_json(facts, sizes),
     )
     if arguments.publish:
         benchmarking.publish(out_dir, ["summary-scale.md"])

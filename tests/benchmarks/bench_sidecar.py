@@ -16,9 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,12 +26,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from batchpilot_harness import demo_models, loadgen, local_triton
+from batchpilot_harness import demo_models, loadgen, local_sidecar, local_triton, processes
 
 MODELS = [f"gpu_sim_{i}" for i in range(10)]
 WARM_UP_SECONDS = 8.0
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 
 def model_repository(root: Path) -> Path:
@@ -49,34 +45,10 @@ def model_repository(root: Path) -> Path:
     return repository
 
 
-def cpu_seconds(pid: int) -> float:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime
-
-
-def rss_bytes(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE_SIZE
-
-
 def fetch(url: str) -> bytes:
     with urllib.request.urlopen(url, timeout=5) as response:
         body: bytes = response.read()
         return body
-
-
-def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        if process.poll() is not None:
-            raise RuntimeError(f"the sidecar exited with {process.returncode}")
-        try:
-            fetch(f"{url}/healthz")
-            return
-        except (urllib.error.URLError, ConnectionError):
-            if time.monotonic() > deadline:
-                raise RuntimeError("the sidecar did not come up") from None
-            time.sleep(0.1)
 
 
 @dataclass(frozen=True)
@@ -125,22 +97,26 @@ async def load(server: local_triton.LocalTriton, seconds: float) -> None:
 
 
 async def measure(sidecar: str, pid: int, seconds: float) -> Measurement:
-    rss_start, cpu_start, started = rss_bytes(pid), cpu_seconds(pid), time.monotonic()
+    rss_start, cpu_start, started = (
+        processes.resident_bytes(pid),
+        processes.cpu_seconds(pid),
+        time.monotonic(),
+    )
     peak = rss_start
     status = metrics = b""
     while time.monotonic() - started < seconds:
         await asyncio.sleep(1.0)
         status = await asyncio.to_thread(fetch, f"{sidecar}/status?sloP95Ms=50")
         metrics = await asyncio.to_thread(fetch, f"{sidecar}/metrics")
-        peak = max(peak, rss_bytes(pid))
+        peak = max(peak, processes.resident_bytes(pid))
     elapsed = time.monotonic() - started
-    cpu = cpu_seconds(pid) - cpu_start
+    cpu = processes.cpu_seconds(pid) - cpu_start
     models = json.loads(status)["models"]
     return Measurement(
         seconds=elapsed,
         cpu_seconds=cpu,
         rss_start=rss_start,
-        rss_end=rss_bytes(pid),
+        rss_end=processes.resident_bytes(pid),
         rss_peak=peak,
         status_bytes=len(status),
         metrics_bytes=len(metrics),
@@ -171,31 +147,14 @@ def benchmark(seconds: float, entry: str) -> Measurement:
         with local_triton.LocalTriton(
             model_repository=repository, models=MODELS, run_directory=Path(root) / "run"
         ) as server:
-            (port,) = local_triton.free_ports("127.0.0.1", 1)
-            sidecar = f"http://127.0.0.1:{port}"
-            command = [
-                sys.executable,
-                *ENTRIES[entry],
-                "--triton-url",
-                server.http_url,
-                "--metrics-url",
-                server.metrics_url,
-                "--listen",
-                f"127.0.0.1:{port}",
-                "--interval",
-                "1",
-            ]
-            with subprocess.Popen(command, stderr=subprocess.DEVNULL) as process:
-                try:
-                    wait_healthy(sidecar, process)
-                    measured: Measurement = asyncio.run(
-                        drive(server, sidecar, process.pid, seconds)
-                    )
-                finally:
-                    process.terminate()
-                    process.wait(timeout=20)
-            if process.returncode != 0:
-                raise RuntimeError(f"the sidecar exited with {process.returncode}")
+            with local_sidecar.running(
+                server, "--interval", "1", command=ENTRIES[entry]
+            ) as sidecar:
+                measured: Measurement = asyncio.run(
+                    drive(server, sidecar.url, sidecar.process.pid, seconds)
+                )
+            if sidecar.process.returncode != 0:
+                raise RuntimeError(f"the sidecar exited with {sidecar.process.returncode}")
             return measured
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import functools
 import sys
 import time
 from collections.abc import Sequence
@@ -36,17 +37,13 @@ from typing import Any
 import aiohttp
 import benchmarking
 import kubernetes.client
-from e2e import balancing, fleet, operators
+from e2e import balancing, fleet, operators, waiting
 from e2e.kubes import Kube
 
 from batchpilot_harness import loadgen
+from batchpilot_triton import modelconfigs
 
 POLICY = "fleet"
-PROFILES: dict[str, dict[str, Any]] = {
-    "interactive": {"maxQueueDelayMicroseconds": 2000, "preferredBatchSizes": [4, 8]},
-    "bulk": {"maxQueueDelayMicroseconds": 20000, "preferredBatchSizes": [32, 64]},
-}
-DELAY = {name: profile["maxQueueDelayMicroseconds"] for name, profile in PROFILES.items()}
 MODES = ("in-place", "drain")
 RATE = 200.0
 """Requests per second over the whole fleet."""
@@ -85,7 +82,7 @@ def policy(override: str | None = None) -> dict[str, Any]:
             "port": "http",
             "models": [fleet.MODEL],
         },
-        "profiles": PROFILES,
+        "profiles": fleet.PROFILES,
         "defaultProfile": "bulk",
         "minDwellSeconds": 0,
         "rollout": {"maxUnavailable": 1, "drainTimeoutSeconds": 10},
@@ -121,15 +118,14 @@ class Switch:
 async def _served_profile(session: aiohttp.ClientSession, ip: str) -> tuple[str | None, int | None]:
     try:
         async with session.get(
-            f"http://{ip}:8000/v2/models/{fleet.MODEL}/config",
+            f"{fleet.triton_url(ip)}/v2/models/{fleet.MODEL}/config",
             timeout=aiohttp.ClientTimeout(total=2),
         ) as response:
             config = await response.json()
     except (aiohttp.ClientError, TimeoutError, ValueError):
         return None, None
-    profile = (config.get("parameters") or {}).get(fleet.PROFILE_PARAMETER, {}).get("string_value")
     delay = (config.get("dynamic_batching") or {}).get("max_queue_delay_microseconds")
-    return profile, delay
+    return modelconfigs.applied_profile(config), delay
 
 
 async def _follow(
@@ -143,7 +139,7 @@ async def _follow(
             for pod, ip in ips.items():
                 if pod in served:
                     continue
-                if await _served_profile(session, ip) == (profile, DELAY[profile]):
+                if await _served_profile(session, ip) == (profile, fleet.QUEUE_DELAY[profile]):
                     served[pod] = time.monotonic() - origin
             await asyncio.sleep(0.05)
     return served
@@ -222,7 +218,7 @@ def analyse(
         spans.append((switch.decided, end))
     during = [benchmarking.overlapping(records, start, end) for start, end in spans]
     touched = {id(record) for found in during for record in found}
-    steady: dict[str, list[loadgen.RequestRecord]] = {name: [] for name in PROFILES}
+    steady: dict[str, list[loadgen.RequestRecord]] = {name: [] for name in fleet.PROFILES}
     profiles = ["bulk", *(switch.target for switch in switches)]
     starts = [2.0, *(end for _, end in spans)]
     for record in records:
@@ -276,17 +272,13 @@ def run_mode(
             interval=OPERATOR_INTERVAL,
         )
         try:
-            benchmarking.wait_until("the operator's liveness", operator.healthy, timeout=60)
+            waiting.wait_for("the operator's liveness", operator.healthy, timeout=60)
             operators.apply_policy(kube, namespace, policy())
 
-            def bulk_everywhere() -> bool:
-                return all(
-                    fleet.served_profile(ip) == "bulk" and fleet.queue_delay(ip) == DELAY["bulk"]
-                    for ip in ips.values()
-                )
-
-            benchmarking.wait_until("bulk on every replica", bulk_everywhere, timeout=120)
-            benchmarking.wait_until(
+            waiting.wait_for(
+                "bulk on every replica", fleet.everyone_serves(ips, "bulk"), timeout=120
+            )
+            waiting.wait_for(
                 "every replica Ready",
                 lambda: all(
                     fleet.pod_condition(kube, namespace, p, "Ready") == "True" for p in ips
@@ -395,6 +387,34 @@ def render(reports: Sequence[ModeReport], the_plan: Plan, *, markdown: bool) -> 
     return "\n".join(lines)
 
 
+def summary_json(reports: Sequence[ModeReport], the_plan: Plan) -> dict[str, Any]:
+    return {
+        "plan": dataclasses.asdict(the_plan),
+        "rate": RATE,
+        "modes": [
+            {
+                "mode": r.mode,
+                "requests": r.requests,
+                "failed": r.failed,
+                "steady_p99_ms": r.steady_p99_ms,
+                "gate_history": r.gate_history,
+                "switches": [
+                    {
+                        **dataclasses.asdict(s.switch),
+                        "seconds": s.switch.seconds,
+                        "requests": s.requests,
+                        "failed": s.failed,
+                        "p99_ms": s.p99_ms,
+                        "steady_p99_ms": s.steady_p99_ms,
+                    }
+                    for s in r.switches
+                ],
+            }
+            for r in reports
+        ],
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Switch cost: in-place reload against the readiness-gate drain."
@@ -413,46 +433,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         flush=True,
     )
     reports = []
-    with benchmarking.local_cluster() as kube:
-        operators.install_api(kube)
-        operator_kubeconfig = operators.service_account_kubeconfig(
-            kube, out_dir / "switch-operator.kubeconfig"
-        )
+    with benchmarking.operator_cluster(out_dir, "switch") as (kube, operator_kubeconfig):
         for mode in MODES:
             mode_started = time.monotonic()
             reports.append(run_mode(kube, operator_kubeconfig, mode, the_plan, out_dir))
             print(f"  {mode}: done in {time.monotonic() - mode_started:.0f} s", flush=True)
-    text = render(reports, the_plan, markdown=False)
-    print("\n" + text)
     benchmarking.write_summary(
         out_dir,
         "summary-switch",
-        markdown=render(reports, the_plan, markdown=True),
-        data={
-            "plan": dataclasses.asdict(the_plan),
-            "rate": RATE,
-            "modes": [
-                {
-                    "mode": r.mode,
-                    "requests": r.requests,
-                    "failed": r.failed,
-                    "steady_p99_ms": r.steady_p99_ms,
-                    "gate_history": r.gate_history,
-                    "switches": [
-                        {
-                            **dataclasses.asdict(s.switch),
-                            "seconds": s.switch.seconds,
-                            "requests": s.requests,
-                            "failed": s.failed,
-                            "p99_ms": s.p99_ms,
-                            "steady_p99_ms": s.steady_p99_ms,
-                        }
-                        for s in r.switches
-                    ],
-                }
-                for r in reports
-            ],
-        },
+        tables=functools.partial(render, reports, the_plan),
+        data=summary_json(reports, the_plan),
     )
     plot = out_dir / "switch.png"
     benchmarking.plot_timelines(

@@ -25,7 +25,7 @@ import time
 import zoneinfo
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TextIO
 
 import numpy as np
 
@@ -532,9 +532,18 @@ def output_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def write_summary(out_dir: Path, stem: str, *, markdown: str, data: object) -> None:
-    """`<stem>.md` (the tables) and `<stem>.json` (the figures) in `out_dir`."""
-    (out_dir / f"{stem}.md").write_text(markdown + "\n")
+def write_summary(
+    out_dir: Path,
+    stem: str,
+    *,
+    tables: Callable[..., str],
+    data: object,
+    out: TextIO | None = None,
+) -> None:
+    """The `tables(markdown=...)` as text on `out` (stdout), and in `out_dir` as `<stem>.md`
+    beside `<stem>.json` (the figures)."""
+    (out or sys.stdout).write("\n" + tables(markdown=False) + "\n")
+    (out_dir / f"{stem}.md").write_text(tables(markdown=True) + "\n")
     (out_dir / f"{stem}.json").write_text(json.dumps(data, indent=1))
 
 
@@ -596,70 +605,38 @@ def local_cluster(
         time.sleep(10)
 
 
-def wait_until(
-    what: str, check: Callable[[], Any], *, timeout: float, interval: float = 0.2
-) -> Any:
-    """Poll until `check()` returns something truthy, and return it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
+@contextlib.contextmanager
+def operator_cluster(out_dir: Path, name: str) -> Iterator[tuple[Kube, Path]]:
+    """`local_cluster()` with batchpilot's API installed, and a kubeconfig in `out_dir` that is
+    the operator's ServiceAccount."""
+    from e2e import operators
+
+    with local_cluster() as kube:
+        yield kube, operators.install_and_log_in(kube, out_dir / f"{name}-operator.kubeconfig")
 
 
 @contextlib.contextmanager
 def namespace(kube: Kube, prefix: str) -> Iterator[str]:
-    """A fresh namespace; deleted at the end, waiting until its Pods' addresses are released
-    (the pod runner has stopped their servers). Delete BatchPolicies before, while an operator
-    still runs to remove its finalizer."""
-    import uuid
+    """A fresh namespace (`e2e.namespaces`), more patient than a test's: a benchmark's fleet is
+    larger. Delete BatchPolicies before its end, while an operator still runs to remove its
+    finalizer."""
+    from e2e import namespaces
 
-    import kubernetes.client
-
-    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
-    kube.core.create_namespace(
-        kubernetes.client.V1Namespace(
-            metadata=kubernetes.client.V1ObjectMeta(name=name, labels={"batchpilot.dev/bench": "1"})
-        )
-    )
-
-    def service_account() -> bool:
-        try:
-            kube.core.read_namespaced_service_account("default", name)
-        except kubernetes.client.ApiException as error:
-            if error.status == 404:
-                return False
-            raise
-        return True
-
-    # Pods are refused until the controller manager has made the default service account.
-    wait_until(f"service account default in {name}", service_account, timeout=60)
-    try:
+    with namespaces.created(
+        kube,
+        namespaces.unique(prefix),
+        label="batchpilot.dev/bench",
+        ready_timeout=60,
+        release_timeout=120,
+    ) as name:
         yield name
-    finally:
-        from e2e.cluster import podnetwork
-
-        pods = kube.core.list_namespaced_pod(name).items
-        ips = {pod.status.pod_ip for pod in pods if pod.status and pod.status.pod_ip}
-        with contextlib.suppress(kubernetes.client.ApiException):
-            kube.core.delete_namespace(name)
-        if kube.local is not None and ips:
-            cidrs = kube.local.pod_cidrs
-            wait_until(
-                f"the pod IPs of {name} released",
-                lambda: not ips & set(podnetwork.addresses_in(cidrs)),
-                timeout=120,
-                interval=0.5,
-            )
 
 
 def delete_policies(kube: Kube, namespace: str, *, timeout: float = 120.0) -> None:
     """Delete a namespace's BatchPolicies and wait until they are gone: the operator must still
     run, to remove its finalizer."""
     import kubernetes.client
+    from e2e import waiting
 
     api = kubernetes.client.CustomObjectsApi(kube.api_client)
     group, version, plural = "batchpilot.dev", "v1alpha1", "batchpolicies"
@@ -669,4 +646,6 @@ def delete_policies(kube: Kube, namespace: str, *, timeout: float = 120.0) -> No
         listed = api.list_namespaced_custom_object(group, version, namespace, plural)
         return isinstance(listed, dict) and not listed.get("items")
 
-    wait_until(f"the BatchPolicies of {namespace} deleted", gone, timeout=timeout, interval=0.5)
+    waiting.wait_for(
+        f"the BatchPolicies of {namespace} deleted", gone, timeout=timeout, interval=0.5
+    )

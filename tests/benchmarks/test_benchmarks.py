@@ -45,7 +45,7 @@ Main = Callable[[Sequence[str] | None], int]
         ),
     ],
 )
-def test_short_mode_runs_and_reports(
+def test_short_mode_exits_zero_and_prints_its_whole_report(
     main: Main, expected: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Run a benchmark's command with --short and show what it printed; its report must be

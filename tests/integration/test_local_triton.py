@@ -18,7 +18,7 @@ import pytest
 import tritonclient.http
 from tritonclient.utils import InferenceServerException
 
-from batchpilot_harness import demo_models, local_triton
+from batchpilot_harness import demo_models, local_triton, processes
 from triton_fixtures import TritonFactory, triton_client
 
 pytestmark = pytest.mark.integration
@@ -60,7 +60,7 @@ def test_explicit_server_loads_only_the_requested_models(triton_server: TritonFa
 def test_stop_leaves_no_process_and_no_shared_memory_behind(triton_server: TritonFactory) -> None:
     server = triton_server(demo_models.GPU_SIM)
     infer_gpu_sim(server, np.zeros((1, 16), dtype=np.float32))
-    members = local_triton.process_group_members(server.pid)
+    members = processes.group_members(server.pid)
     assert len(members) == 1 + 4  # the server and one stub per gpu_sim instance
     assert list(Path("/dev/shm").glob(f"{server.shared_memory_prefix}*"))
 
@@ -72,7 +72,7 @@ def test_stop_leaves_no_process_and_no_shared_memory_behind(triton_server: Trito
 
 def test_server_that_ignores_sigterm_is_killed_with_its_stubs(triton_server: TritonFactory) -> None:
     server = triton_server(demo_models.GPU_SIM)
-    members = local_triton.process_group_members(server.pid)
+    members = processes.group_members(server.pid)
     os.kill(server.pid, signal.SIGSTOP)
 
     status = server.stop(grace_seconds=1.0)
@@ -148,7 +148,7 @@ def test_command_line_serves_until_sigterm_then_stops_everything(tmp_path: Path)
             assert command.poll() is None, output.read_text()
             time.sleep(0.1)
         server_pid = int(ready.group(1))
-        members = local_triton.process_group_members(server_pid)
+        members = processes.group_members(server_pid)
         for url in (
             f"http://127.0.0.1:{http}/v2/health/ready",
             f"http://127.0.0.1:{metrics}/metrics",

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -32,7 +30,7 @@ from batchpilot import running, telemetry
 from batchpilot.applying import actuators
 from batchpilot.policy import rendering, specs
 from batchpilot.signals import sidecars
-from batchpilot_harness import demo_models, loadgen, local_triton
+from batchpilot_harness import demo_models, loadgen, local_sidecar, local_triton
 from batchpilot_triton import scraping, servers
 from builders import make_spec
 from triton_fixtures import TritonFactory, run_command_until, triton_client
@@ -58,42 +56,16 @@ def get_json(url: str) -> Any:
 
 @contextmanager
 def sidecar_process(server: local_triton.LocalTriton, log: Path, *extra: str) -> Iterator[str]:
-    """`batchpilot sidecar` for `server` as a child process; yields its URL once healthy."""
-    (port,) = local_triton.free_ports("127.0.0.1", 1)
-    url = f"http://127.0.0.1:{port}"
-    command = [
-        sys.executable,
-        "-m",
-        "batchpilot",
-        "sidecar",
-        "--triton-url",
-        server.http_url,
-        "--metrics-url",
-        server.metrics_url,
-        "--listen",
-        f"127.0.0.1:{port}",
-        "--interval",
-        "0.5",
-        "--rate-window",
-        "5",
-        *extra,
-    ]
-    with log.open("w") as output, subprocess.Popen(command, stderr=output) as process:
-        try:
-            deadline = time.monotonic() + 30
-            while True:
-                assert process.poll() is None, log.read_text()
-                try:
-                    with urllib.request.urlopen(f"{url}/healthz", timeout=1):
-                        break
-                except (urllib.error.URLError, ConnectionError):
-                    assert time.monotonic() < deadline, "the sidecar did not come up"
-                    time.sleep(0.1)
-            yield url
-        finally:
-            process.terminate()
-            process.wait(timeout=20)
-    assert process.returncode == 0, log.read_text()
+    """`batchpilot sidecar` for `server` as a child process; yields its URL once healthy, and
+    checks that it stopped cleanly."""
+    with local_sidecar.running(
+        server,
+        *("--interval", "0.5", "--rate-window", "5", *extra),
+        command=("-m", "batchpilot", "sidecar"),
+        log=log,
+    ) as sidecar:
+        yield sidecar.url
+    assert sidecar.process.returncode == 0, log.read_text()
     assert log.read_text().rstrip().endswith("stopped")
 
 

@@ -165,6 +165,32 @@ async def test_arrivals_beyond_the_in_flight_bound_are_not_sent(
     assert summary.sent == fake.received <= 2 * 2  # two at a time, each 0.3 s, over 0.5 s
     assert summary.not_sent == summary.scheduled - summary.sent > 0
     assert summary.failed == 0
+    unsent = [r.error for r in result.records if r.sent is None]
+    assert set(unsent) == {"2 requests in flight already"}
+
+
+async def test_a_picked_endpoint_gets_each_request_and_none_leaves_it_unsent(
+    fake: FakeTriton, base_url: str
+) -> None:
+    payload = loadgen.InferencePayload.for_input(
+        model="m", input_name="INPUT", datatype="FP32", shape=[1, 4]
+    )
+    picks = 0
+
+    def every_other() -> str | None:
+        nonlocal picks
+        picks += 1
+        return base_url if picks % 2 else None
+
+    result = await loadgen.run_load(
+        base_url=every_other, payload=payload, phases=[loadgen.Phase(rate=100, seconds=0.5)]
+    )
+
+    summary = result.summary()
+    assert picks == summary.scheduled > 0
+    assert summary.sent == fake.received == summary.succeeded == (picks + 1) // 2
+    unsent = [r.error for r in result.records if r.sent is None]
+    assert set(unsent) == {"no endpoint to send it to"}
 
 
 async def test_a_server_that_is_gone_makes_failures_not_exceptions() -> None:
@@ -181,3 +207,4 @@ async def test_a_server_that_is_gone_makes_failures_not_exceptions() -> None:
     summary = result.summary()
     assert summary.failed == summary.sent == summary.scheduled > 0
     assert all(r.status is None and r.error for r in result.records)
+    assert all(r.error.startswith("http://127.0.0.1:9: ") for r in result.records if r.error)

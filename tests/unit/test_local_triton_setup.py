@@ -53,7 +53,9 @@ def test_backend_directory_is_reused_once_built(
     assert (second / "python" / "triton_python_backend_stub").stat().st_mtime_ns == built_at
 
 
-def test_cache_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_cache_root_is_the_environment_s_folder_or_else_under_home(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setenv(local_triton.CACHE_ENV, str(tmp_path))
     assert local_triton.cache_root() == tmp_path
     monkeypatch.delenv(local_triton.CACHE_ENV)
@@ -115,10 +117,6 @@ def test_unknown_model_is_refused_before_anything_starts(tmp_path: Path) -> None
     with pytest.raises(local_triton.LocalTritonError, match="no model 'missing'"):
         server.start()
     assert not server.running
-
-
-def test_process_group_members_include_this_process() -> None:
-    assert os.getpid() in local_triton.process_group_members(os.getpgid(0))
 
 
 def child_subreaper() -> int:

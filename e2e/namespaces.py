@@ -1,0 +1,69 @@
+"""A namespace of its own for each e2e test and benchmark run, and a clean end to it.
+
+A new namespace takes no Pods until the controller manager has made its default service account,
+so it is handed out only after that. Deleting it is not the end on the local cluster: kwok hands a
+freed pod IP to the next pod at once, so the clean-up waits until the pod runner has stopped the
+namespace's processes and released their addresses, or the next user of an IP could reach a
+server that is still shutting down on it.
+"""
+
+import contextlib
+import uuid
+from collections.abc import Iterator
+
+import kubernetes.client
+
+from e2e import waiting
+from e2e.cluster import podnetwork
+from e2e.kubes import Kube
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+@contextlib.contextmanager
+def created(
+    kube: Kube,
+    name: str,
+    *,
+    label: str,
+    ready_timeout: float = 30.0,
+    release_timeout: float = 60.0,
+) -> Iterator[str]:
+    """The namespace `name`, labelled `label: "1"`, deleted at the end."""
+    kube.core.create_namespace(
+        kubernetes.client.V1Namespace(
+            metadata=kubernetes.client.V1ObjectMeta(name=name, labels={label: "1"})
+        )
+    )
+
+    def service_account_exists() -> bool:
+        try:
+            kube.core.read_namespaced_service_account("default", name)
+        except kubernetes.client.ApiException as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
+    waiting.wait_for(
+        f"service account default in {name}", service_account_exists, timeout=ready_timeout
+    )
+    try:
+        yield name
+    finally:
+        pod_ips = {
+            pod.status.pod_ip
+            for pod in kube.core.list_namespaced_pod(name).items
+            if pod.status and pod.status.pod_ip
+        }
+        with contextlib.suppress(kubernetes.client.ApiException):
+            kube.core.delete_namespace(name)
+        if kube.local is not None and pod_ips:
+            cidrs = kube.local.pod_cidrs
+            waiting.wait_for(
+                f"the pod IPs of {name} released",
+                lambda: not pod_ips & set(podnetwork.addresses_in(cidrs)),
+                timeout=release_timeout,
+            )
