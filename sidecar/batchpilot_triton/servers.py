@@ -142,9 +142,21 @@ class TritonServer:
         )
         return config
 
+    async def repository_index(self) -> list[dict[str, Any]]:
+        """Every model in the repository, with its state (READY, LOADING, UNLOADING, ...)."""
+        index: list[dict[str, Any]] = await self._call(
+            "model index", self._triton().get_model_repository_index()
+        )
+        return index
+
     async def loaded_models(self) -> list[str]:
-        index = await self._call("model index", self._triton().get_model_repository_index())
+        index = await self.repository_index()
         return sorted(entry["name"] for entry in index if entry.get("state") == "READY")
+
+    async def model_states(self, model: str) -> set[str]:
+        """The states of the model's versions in the repository index (none: never loaded)."""
+        index = await self.repository_index()
+        return {str(entry.get("state")) for entry in index if entry.get("name") == model}
 
     async def load(self, model: str, config: ModelConfig | None = None) -> None:
         body = None if config is None else json.dumps(config)

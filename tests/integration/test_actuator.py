@@ -151,11 +151,6 @@ async def test_reload_keeps_the_model_in_service_and_unload_first_takes_it_out_u
     assert modelconfigs.applied_profile(await served(server)) == "interactive"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Triton unloads in the background (its index says UNLOADING for about a second per "
-    "instance) and apply_profile loads the new instances meanwhile",
-)
 @pytest.mark.timeout(60)
 async def test_unload_first_stops_the_old_instances_before_it_starts_new_ones(
     triton_server: TritonFactory,

@@ -4,7 +4,9 @@ The sequence is level-based and idempotent, so callers can run it every tick:
 
 1. read the served configuration; refuse a profile the model cannot take (nothing changes);
 2. if the served configuration already matches, stop: no reload, no stall;
-3. optionally unload first, so a GPU never holds two copies of the model;
+3. optionally unload first, so a GPU never holds two copies of the model: Triton answers an
+   unload at once and ends the old instances in the background (its index says UNLOADING), so
+   the load waits until the index says they are gone;
 4. load with the merged configuration as an override;
 5. verify: the server reports the new configuration and the model is ready;
 6. if the load or the verification fails, load the previous configuration again and report.
@@ -64,6 +66,7 @@ async def apply_profile(
     try:
         if unload_first:
             await server.unload(model)
+            await _unloaded(server, model, within=verify_timeout)
         await server.load(model, wanted.config)
         await _verify(server, model, wanted, within=verify_timeout)
     except (servers.LoadRejected, _NotVerified) as error:
@@ -92,6 +95,15 @@ async def _verify(
             pass  # still loading
         if asyncio.get_running_loop().time() >= deadline:
             raise _NotVerified(f"the server did not report the new configuration in {within:g}s")
+        await asyncio.sleep(_VERIFY_POLL_SECONDS)
+
+
+async def _unloaded(server: servers.TritonServer, model: str, *, within: float) -> None:
+    """Wait until none of the model's instances is still being unloaded."""
+    deadline = asyncio.get_running_loop().time() + within
+    while "UNLOADING" in await server.model_states(model):
+        if asyncio.get_running_loop().time() >= deadline:
+            raise _NotVerified(f"the old instances were still unloading after {within:g}s")
         await asyncio.sleep(_VERIFY_POLL_SECONDS)
 
 
