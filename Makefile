@@ -67,6 +67,7 @@ bench: venv k8s-bins
 	$(PY) tests/benchmarks/bench_policy.py
 	$(PY) tests/benchmarks/bench_switch.py
 	$(PY) tests/benchmarks/bench_scale.py
+	$(PY) tests/benchmarks/bench_boundary.py
 
 # Their short modes, as CI runs them: figures printed, nothing about speed asserted.
 bench-short: venv k8s-bins

@@ -148,6 +148,8 @@ class RequestRecord:
     latency: float | None  # from sending to the end of the response; None without a response
     status: int | None  # HTTP status; None when not sent or when the connection failed
     error: str | None = None
+    server: str | None = None
+    """The base URL it was sent to; None when not sent."""
 
     @property
     def succeeded(self) -> bool:
@@ -308,6 +310,7 @@ async def _run(
             status=status,
             # Which server failed, where there are several.
             error=None if error is None else f"{base_url}: {error}"[:_ERROR_TEXT_LIMIT],
+            server=base_url,
         )
         records[index] = record
         if on_record is not None:

@@ -18,8 +18,10 @@ minute boundary a little ahead. Measured from the operator's /proc entries and i
   `batchpilot_decisions_total`), CPU per tick (all P policies once), the share of a core, RSS;
 - at the boundary: when the operator decided the switch for the first and the last policy (its
   log), when every live Pod's Triton served `interactive`, and when every policy's status said
-  so; the bound it is judged against is one timer interval plus one replica wave (each live
-  policy has one Pod), the wave being a reload measured alone first.
+  so, all relative to the boundary (negative: before it). With `schedule.leadTime: auto` (the
+  default; `--lead-time 0s` for the old behaviour) the target is every live Pod serving the new
+  profile at or before the boundary; at 0s the bound is one timer interval plus one replica wave
+  (each live policy has one Pod), the wave being a reload measured alone first.
 
 It also reports how much memory each real tritonserver took (MemAvailable before and after
 starting them), and how many the machine's memory would hold.
@@ -66,14 +68,16 @@ class Plan:
     servers: int
     namespaces: int
     policy_counts: tuple[int, ...]
-    lead_seconds: float
+    ahead_seconds: float
     """At least this long between creating the policies and the boundary."""
+    lead_time: str = "auto"
+    """The policies' schedule.leadTime."""
 
 
 def plan(*, short: bool) -> Plan:
     if short:
-        return Plan(servers=2, namespaces=1, policy_counts=(10,), lead_seconds=15.0)
-    return Plan(servers=32, namespaces=4, policy_counts=(50, 100, 200), lead_seconds=60.0)
+        return Plan(servers=2, namespaces=1, policy_counts=(10,), ahead_seconds=30.0)
+    return Plan(servers=32, namespaces=4, policy_counts=(50, 100, 200), ahead_seconds=60.0)
 
 
 # -- the operator process, seen from its /metrics ----------------------------------------------
@@ -165,7 +169,9 @@ async def single_reload_seconds(server: Server) -> float:
 # -- one policy count -------------------------------------------------------------------------
 
 
-def policy(name: str, pod: str, *, dry_run: bool, opens: datetime.datetime) -> dict[str, Any]:
+def policy(
+    name: str, pod: str, *, dry_run: bool, opens: datetime.datetime, lead_time: str
+) -> dict[str, Any]:
     closes = opens + datetime.timedelta(minutes=30)
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
@@ -181,6 +187,7 @@ def policy(name: str, pod: str, *, dry_run: bool, opens: datetime.datetime) -> d
             "defaultProfile": "bulk",
             "schedule": {
                 "timezone": "UTC",
+                "leadTime": lead_time,
                 "windows": [
                     {
                         "profile": "interactive",
@@ -296,6 +303,15 @@ def _settled(items: Sequence[dict[str, Any]], count: int, profile: str) -> bool:
     )
 
 
+def earliest_rollout_start(items: Sequence[dict[str, Any]]) -> datetime.datetime | None:
+    starts = [
+        datetime.datetime.fromisoformat(status["plannedRolloutStart"])
+        for item in items
+        if (status := item.get("status") or {}).get("plannedRolloutStart")
+    ]
+    return min(starts, default=None)
+
+
 async def _serving_since(
     live: Sequence[Server], profile: str, boundary: float, within: float
 ) -> dict[str, float]:
@@ -342,7 +358,7 @@ def run_size(
     try:
         waiting.wait_for("the operator's liveness", operator.healthy, timeout=60)
         now = datetime.datetime.now(datetime.UTC)
-        opens = (now + datetime.timedelta(seconds=the_plan.lead_seconds)).replace(
+        opens = (now + datetime.timedelta(seconds=the_plan.ahead_seconds)).replace(
             second=0, microsecond=0
         ) + datetime.timedelta(minutes=1)
         documents = []
@@ -351,7 +367,12 @@ def run_size(
             dry_run = index >= len(fleet_servers)
             name = f"policy-{index:03d}"
             documents.append(
-                (server.namespace, policy(name, server.pod, dry_run=dry_run, opens=opens))
+                (
+                    server.namespace,
+                    policy(
+                        name, server.pod, dry_run=dry_run, opens=opens, lead_time=the_plan.lead_time
+                    ),
+                )
             )
         created_at = time.monotonic()
         _create(kube, documents)
@@ -373,7 +394,7 @@ def run_size(
         steady_end = Sample.of(operator)
         boundary = time.monotonic() + until_boundary
         live = list(fleet_servers[: min(count, len(fleet_servers))])
-        served = asyncio.run(_serving_since(live, "interactive", boundary, within=180.0))
+        served = asyncio.run(_serving_since(live, "interactive", boundary, within=240.0))
         targets_converged = max(served.values()) if len(served) == len(live) else None
         statuses_converged = None
         deadline = time.monotonic() + 120
@@ -430,17 +451,21 @@ class FleetFacts:
         return int(0.8 * self.mem_available_before / self.memory_per_server)
 
 
-def render(facts: FleetFacts, sizes: Sequence[SizeReport], *, markdown: bool) -> str:
+def render(
+    facts: FleetFacts, sizes: Sequence[SizeReport], lead_time: str, *, markdown: bool
+) -> str:
     tabulate = benchmarking.markdown_table if markdown else benchmarking.table
     mib = 2**20
-    bound = INTERVAL + facts.single_reload
+    # With a lead the target is the boundary itself; without, one interval plus one wave.
+    bound = 0.0 if lead_time != "0s" else INTERVAL + facts.single_reload
     lines = [
         f"{facts.servers} real tritonservers (gpu_sim, 4 instances each) behind kwok Pods in "
         f"{facts.namespaces} namespace(s), started in {facts.start_seconds:.0f} s; each took "
         f"{facts.memory_per_server / mib:.0f} MiB (MemAvailable), so the "
         f"{facts.mem_available_before / 2**30:.1f} GiB available would hold about "
         f"{facts.servers_memory_holds} (keeping a fifth free); CPU is the tighter limit. "
-        f"Operator timer {INTERVAL:g} s; one reload alone: {facts.single_reload:.2f} s.",
+        f"Operator timer {INTERVAL:g} s; one reload alone: {facts.single_reload:.2f} s; "
+        f"schedule.leadTime {lead_time}. Times are relative to the boundary (negative: before).",
         "",
     ]
     headers = [
@@ -453,7 +478,7 @@ def render(facts: FleetFacts, sizes: Sequence[SizeReport], *, markdown: bool) ->
         "boundary -> decided (s, first / last)",
         "boundary -> live Pods serve (s)",
         "boundary -> all statuses (s)",
-        "bound (s)",
+        "target (s)",
         "warning events",
         "log errors",
     ]
@@ -498,7 +523,12 @@ def render(facts: FleetFacts, sizes: Sequence[SizeReport], *, markdown: bool) ->
         )
         lines.append(
             f"- {size.policies} policies: live Pods served interactive at {spread} after the "
-            f"boundary; fleet converged within one interval plus one wave ({bound:.2f} s) -> "
+            f"boundary; "
+            + (
+                "every live Pod serves the new profile at or before the boundary -> "
+                if lead_time != "0s"
+                else f"fleet converged within one interval plus one wave ({bound:.2f} s) -> "
+            )
             + ("met" if met else "MISSED")
         )
         for reason, message in sorted(size.warning_examples.items()):
@@ -526,11 +556,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--short", action="store_true", help="2 Tritons, 10 policies")
     parser.add_argument("--servers", type=int, help="real Triton Pods (default 32; --short: 2)")
     parser.add_argument(
+        "--lead-time", default="auto", help="the policies' schedule.leadTime (default auto)"
+    )
+    parser.add_argument(
         "--policies", type=int, action="append", help="a policy count to measure (repeatable)"
     )
     benchmarking.output_arguments(parser)
     arguments = parser.parse_args(argv)
     the_plan = plan(short=arguments.short)
+    the_plan = dataclasses.replace(the_plan, lead_time=arguments.lead_time)
     if arguments.servers:
         the_plan = dataclasses.replace(the_plan, servers=arguments.servers)
     if arguments.policies:
@@ -585,7 +619,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     benchmarking.write_summary(
         out_dir,
         "summary-scale",
-        tables=functools.partial(render, facts, sizes),
+        tables=functools.partial(render, facts, sizes, the_plan.lead_time),
         data=summary_json(facts, sizes),
     )
     if arguments.publish:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import bench_boundary
 import bench_policy
 import bench_scale
 import bench_sidecar
@@ -36,6 +37,12 @@ Main = Callable[[Sequence[str] | None], int]
             "boundary -> live Pods serve",
             id="scale",
             marks=pytest.mark.timeout(400),
+        ),
+        pytest.param(
+            bench_boundary.main,
+            "share of requests after the boundary on the old profile",
+            id="boundary",
+            marks=pytest.mark.timeout(500),
         ),
         pytest.param(
             bench_sidecar.main,
