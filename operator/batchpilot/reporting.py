@@ -101,6 +101,7 @@ def _invalid(
         "Degraded": (False, "InvalidSpec", ""),
         "SignalsUnavailable": (False, "InvalidSpec", ""),
         "LeadTimeInsufficient": (False, "InvalidSpec", ""),
+        "DrainIneffective": (False, "InvalidSpec", ""),
     }
     decision = findings.decision
     return previous.model_copy(
@@ -128,6 +129,7 @@ def _decided(
         "InvalidSpec": (False, "Valid", ""),
         "SignalsUnavailable": signals_unavailable(findings.signal_problems),
         "LeadTimeInsufficient": lead_time_insufficient(policy, findings.lead),
+        "DrainIneffective": drain_ineffective(findings.result, previous),
     }
     return statuses.BatchPolicyStatus(
         active_profile=decision.profile,
@@ -252,6 +254,39 @@ def lead_time_insufficient(policy: specs.BatchPolicySpec, lead: leads.Lead | Non
     )
 
 
+def drain_ineffective(
+    result: rollouts.Result | None, previous: statuses.BatchPolicyStatus
+) -> Wanted:
+    """Whether the last drains kept receiving requests; without drains this pass, as before."""
+    drained = [o for o in result.outcomes if o.drain is not None] if result else []
+    if not drained:
+        earlier = next((c for c in previous.conditions if c.type == "DrainIneffective"), None)
+        if earlier is None:
+            return False, "DrainsEffective", ""
+        return earlier.status == "True", earlier.reason, earlier.message
+    leaking = [o for o in drained if o.drain is not None and o.drain.ineffective]
+    if not leaking:
+        return False, "DrainsEffective", ""
+    return (
+        True,
+        "RequestsKeptArriving",
+        "; ".join(drain_message(o) for o in leaking)
+        + ": clients hold connections to the Pods (HTTP keep-alive, gRPC channels) instead of "
+        "following the Service's endpoints, so their requests waited for the reload; see the "
+        "README's hitless-switch section for what to do",
+    )
+
+
+def drain_message(outcome: rollouts.Outcome) -> str:
+    drain = outcome.drain
+    assert drain is not None
+    verdict = "reloaded after drainTimeoutSeconds" if drain.timed_out else "reloaded"
+    return (
+        f"{outcome.replica.title} kept receiving requests after it left its Services "
+        f"({drain.arrived:g} in {drain.seconds:.1f}s; {verdict})"
+    )
+
+
 def conditions(
     wanted: Mapping[str, Wanted], findings: Findings, previous: statuses.BatchPolicyStatus
 ) -> list[statuses.Condition]:
@@ -297,10 +332,20 @@ def notices(findings: Findings) -> list[Notice]:
         found.append(Notice(event, key="LeadTimeInsufficient"))
     if findings.result is not None:
         found.extend(target_notice(outcome) for outcome in findings.result.outcomes)
+        found.extend(drain_notices(findings.result))
         rolled_out = rolled_out_event(findings.result)
         if rolled_out is not None:
             found.append(Notice(rolled_out))
     return found
+
+
+def drain_notices(result: rollouts.Result) -> list[Notice]:
+    """One warning per Pod whose drain did not stop its requests, every time it happens."""
+    return [
+        Notice(Event("Warning", "DrainIneffective", drain_message(outcome)))
+        for outcome in result.outcomes
+        if outcome.drain is not None and outcome.drain.ineffective
+    ]
 
 
 def target_notice(outcome: rollouts.Outcome) -> Notice:

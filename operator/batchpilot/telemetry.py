@@ -37,6 +37,7 @@ NEXT_TRANSITION = f"{PREFIX}_next_transition_timestamp_seconds"
 ROLLOUT_START = f"{PREFIX}_rollout_start_timestamp_seconds"
 LEAD_TIME = f"{PREFIX}_lead_time_seconds"
 GUARD_ACTIONS = f"{PREFIX}_slo_guard_actions_total"
+DRAINS_INEFFECTIVE = f"{PREFIX}_drains_ineffective_total"
 GUARD_ACTIONS_BY = typing.get_args(decisions.GuardAction)
 
 APPLY_ERRORS_BY = typing.get_args(rollouts.ApplyError)
@@ -70,6 +71,7 @@ class ControllerMetrics:
     rollout_start: Gauge
     lead_time: Gauge
     guard_actions: Counter
+    drains_ineffective: Counter
 
 
 def controller_metrics(registry: CollectorRegistry | None = None) -> ControllerMetrics:
@@ -165,6 +167,12 @@ def controller_metrics(registry: CollectorRegistry | None = None) -> ControllerM
             ["policy"],
             registry=registry,
         ),
+        drains_ineffective=Counter(
+            DRAINS_INEFFECTIVE,
+            "Drains in which a Pod kept receiving requests after it left its Services.",
+            ["policy"],
+            registry=registry,
+        ),
         guard_actions=Counter(
             GUARD_ACTIONS,
             "SLO guard changes of the queue delay: lowered on a p95 breach, restored after it.",
@@ -183,6 +191,7 @@ def count_from_zero(metrics: ControllerMetrics, policy: str, *, profiles: Iterab
         metrics.apply_errors.labels(policy, reason)
     for action in GUARD_ACTIONS_BY:
         metrics.guard_actions.labels(policy, action)
+    metrics.drains_ineffective.labels(policy)
 
 
 def record_decision(
@@ -226,6 +235,8 @@ def record_rollout(metrics: ControllerMetrics, policy: str, result: rollouts.Res
     for outcome in result.outcomes:
         if outcome.error is not None:
             metrics.apply_errors.labels(policy, outcome.error).inc()
+        if outcome.drain is not None and outcome.drain.ineffective:
+            metrics.drains_ineffective.labels(policy).inc()
         for applied in outcome.applied:
             metrics.apply_seconds.labels(policy).observe(applied.seconds)
 

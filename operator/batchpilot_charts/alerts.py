@@ -98,6 +98,30 @@ ALERTS: tuple[Alert, ...] = (
         ),
     ),
     Alert(
+        name="BatchpilotDrainIneffective",
+        expr=(f"sum by (namespace, policy) (increase({telemetry.DRAINS_INEFFECTIVE}[1h])) > 0"),
+        for_=None,
+        severity="warning",
+        summary="{{ $labels.policy }}: Pods kept receiving requests while drained",
+        description=(
+            "In the last hour a Pod of policy {{ $labels.policy }} kept receiving requests "
+            "after the readiness gate took it out of its Services, so the reload stalled those "
+            "requests (the drain waited rollout.drainTimeoutSeconds, then reloaded). Its "
+            "clients hold connections to the Pod (HTTP keep-alive, gRPC channels) rather than "
+            "following the Service's endpoints."
+        ),
+        runbook=(
+            "`kubectl get events --field-selector reason=DrainIneffective` names the Pods and "
+            "how many requests arrived; the policy's DrainIneffective condition says the same.",
+            "Clients inside the cluster: make them follow endpoints (an endpoint-aware client, "
+            "a service mesh, gRPC with xDS or a headless Service and client-side balancing), or "
+            "cap connection lifetime (tritonclient.http: a new client per request or a short "
+            "keep-alive; gRPC: keepalive and max connection age on the server side).",
+            "If clients cannot change, expect the reload's stall on those requests: keep "
+            "queue-timeout policies off the profiles, and keep rollout.maxUnavailable at 1.",
+        ),
+    ),
+    Alert(
         name="BatchpilotProfileFlapping",
         expr=f"sum by (namespace, policy) (increase({telemetry.PROFILE_SWITCHES}[1h])) > 6",
         for_=None,

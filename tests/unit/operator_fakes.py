@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from batchpilot.applying import actuators, backoffs, overrides
+from batchpilot.applying import actuators, backoffs, fleets, overrides
 from batchpilot.applying.replicas import Replica
 from batchpilot.policy import rendering, specs
 from batchpilot_triton import servers
@@ -34,6 +34,8 @@ class FakeServer:
     profile: str | None = None
     pending: list[float] = field(default_factory=list)
     """Pending-request readings to return in turn (then 0)."""
+    completed: list[float] = field(default_factory=list)
+    """Completed-request counts to return in turn (then the last one)."""
     fail_with: Exception | None = None
     refuse: str | None = None
     unreachable: bool = False
@@ -70,10 +72,14 @@ class FakeFleet:
             raise overrides.ProfileRefused(server.refuse)
         return server.profile == profile
 
-    async def pending_requests(self, url: str, models: Sequence[str]) -> float:
+    async def queue(self, url: str, models: Sequence[str]) -> fleets.QueueReading:
         server = self._server(url)
         self.calls.append(("pending", url))
-        return server.pending.pop(0) if server.pending else 0.0
+        pending = server.pending.pop(0) if server.pending else 0.0
+        completed = server.completed.pop(0) if len(server.completed) > 1 else 0.0
+        if len(server.completed) == 1:
+            completed = server.completed[0]
+        return fleets.QueueReading(pending=pending, completed=completed)
 
     async def apply(
         self,

@@ -5,11 +5,16 @@ from __future__ import annotations
 import datetime
 import itertools
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchpilot.policy import decisions, schedules
 from builders import make_spec
+
+# Hypothesis runs hundreds of examples: on a loaded 2-core machine that takes minutes, and a
+# timeout mid-run reads as a flaky failure, so these get more time than a unit test.
+pytestmark = pytest.mark.timeout(300)
 
 ZONES = ["UTC", "America/New_York", "Europe/London", "Asia/Tokyo", "Australia/Sydney"]
 PROFILES = ["interactive", "bulk"]
@@ -144,3 +149,27 @@ def test_no_switch_before_dwell_without_an_override(
         memory = decision.memory
     for earlier, later in itertools.pairwise(switches):
         assert (later - earlier).total_seconds() >= dwell
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    schedule=schedules_,
+    now=instants,
+    lead_minutes=st.integers(0, 180),
+)
+def test_a_lead_only_brings_a_change_into_a_latency_profile_forward(
+    schedule: dict[str, object], now: datetime.datetime, lead_minutes: int
+) -> None:
+    spec = make_spec(schedule=schedule)
+    lead = datetime.timedelta(minutes=lead_minutes)
+    natural = decisions.decide(spec, now, decisions.Signals(), decisions.Memory())
+    early = decisions.decide(spec, now, decisions.Signals(), decisions.Memory(), lead=lead)
+    assert early.rollout_starts is None or early.rollout_starts >= now
+    if early.profile == natural.profile:
+        return
+    # It is the profile of the next change, which comes within the lead, from throughput into
+    # latency (the sample policy: bulk is the throughput profile, interactive the latency one).
+    assert natural.next_transition is not None
+    assert natural.next_transition - now <= lead
+    assert schedules.profile_at(spec.schedule, natural.next_transition) == early.profile
+    assert (natural.profile, early.profile) == ("bulk", "interactive")

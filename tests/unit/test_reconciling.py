@@ -339,3 +339,23 @@ class Clock:
 
     def __call__(self) -> datetime.datetime:
         return self.start + datetime.timedelta(seconds=asyncio.get_running_loop().time())
+
+
+@pytest.mark.looptime
+async def test_a_drain_that_does_not_stop_requests_is_an_event_a_condition_and_a_metric() -> None:
+    gated = target("triton-0", gated=True, gate="True")
+    pinned = FakeServer(completed=[float(n) for n in range(0, 10_000, 3)])
+    fleet = FakeFleet({gated.http_url: pinned})
+    subject = reconciler([gated], fleet, FakeGates(fleet))
+    spec = spec_document(rollout={"drainTimeoutSeconds": 3})
+    outcome = await reconcile(subject, spec)
+    assert outcome.status["activeProfile"] == "bulk", "the reload went ahead"
+    drains = [e.message for e in outcome.events if e.reason == "DrainIneffective"]
+    assert len(drains) == 1
+    assert drains[0].startswith("pod triton-0 kept receiving requests after it left its Services")
+    assert "reloaded after drainTimeoutSeconds" in drains[0]
+    assert conditions(outcome.status)["DrainIneffective"] == ("True", "RequestsKeptArriving")
+    assert gauge(subject, "batchpilot_drains_ineffective_total") == 1
+    # No rollout the next time: the condition stays as the last drain left it.
+    again = await reconcile(subject, spec, status=outcome.status)
+    assert conditions(again.status)["DrainIneffective"] == ("True", "RequestsKeptArriving")

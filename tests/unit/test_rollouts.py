@@ -189,3 +189,32 @@ async def test_the_survey_governs_every_loaded_model_when_the_policy_names_none(
 )
 def test_every_failure_maps_to_one_reason(failure: Exception, reason: str) -> None:
     assert rollouts.error_of(failure) == reason
+
+
+@pytest.mark.looptime
+async def test_a_pod_that_keeps_receiving_requests_is_drained_until_the_timeout_then_switched() -> (
+    None
+):
+    # Pinned clients: the queue is empty at every look, but requests keep completing.
+    gated = target("triton-0", gated=True, gate="True")
+    fleet = fleet_for([gated], completed=[float(n) for n in range(0, 10_000, 5)])
+    result = await roll_out([gated], fleet, FakeGates(fleet), drainTimeoutSeconds=4)
+    outcome = result.outcomes[0]
+    assert outcome.state == "Updated", "the reload goes ahead after the drain timeout"
+    assert outcome.drain is not None
+    assert outcome.drain.ineffective
+    assert outcome.drain.timed_out
+    assert 4 <= outcome.drain.seconds < 4.5
+    assert outcome.drain.arrived >= 5 * int((4 - 0.5) / rollouts.DRAIN_POLL_SECONDS) - 5
+
+
+@pytest.mark.looptime
+async def test_a_pod_whose_requests_stop_is_drained_without_waiting_for_the_timeout() -> None:
+    gated = target("triton-0", gated=True, gate="True")
+    fleet = fleet_for([gated], pending=[2, 0, 0], completed=[100, 102, 102])
+    result = await roll_out([gated], fleet, FakeGates(fleet), drainTimeoutSeconds=30)
+    drain = result.outcomes[0].drain
+    assert drain is not None
+    assert not drain.ineffective
+    assert not drain.timed_out
+    assert drain.seconds < 1.5

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Collection, Hashable, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 from batchpilot.applying import actuators, backoffs, overrides
@@ -14,6 +15,14 @@ from batchpilot.policy import rendering
 from batchpilot_triton import scraping, servers
 
 Answer = TypeVar("Answer")
+
+
+@dataclass(frozen=True)
+class QueueReading:
+    pending: float
+    """Requests queued, not yet executing."""
+    completed: float
+    """Requests completed (succeeded or failed) since the server started counting."""
 
 
 class TritonFleet:
@@ -97,10 +106,14 @@ class TritonFleet:
         wanted = overrides.merge(served, settings, profile=profile, model=model)
         return overrides.matches(served, wanted)
 
-    async def pending_requests(self, url: str, models: Sequence[str]) -> float:
+    async def queue(self, url: str, models: Sequence[str]) -> QueueReading:
+        """The models' queued requests and how many requests they have completed so far."""
         page = await self._ask(url, lambda server: server.metrics_text())
         snapshot = scraping.parse(page, taken_at=self._clock())
-        return sum(snapshot.pending(model) for model in models)
+        return QueueReading(
+            pending=sum(snapshot.pending(model) for model in models),
+            completed=sum(snapshot.totals(model).requests for model in models),
+        )
 
     async def apply(
         self,

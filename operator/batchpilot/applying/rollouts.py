@@ -23,12 +23,13 @@ up-to-date replica is set True again.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from batchpilot.applying import actuators, backoffs, overrides
+from batchpilot.applying import actuators, backoffs, fleets, overrides
 from batchpilot.applying.replicas import Replica
 from batchpilot.policy import rendering, specs
 from batchpilot_triton import servers
@@ -75,7 +76,7 @@ class Fleet(Protocol):
         self, url: str, model: str, settings: rendering.Settings, *, profile: str
     ) -> bool: ...
 
-    async def pending_requests(self, url: str, models: Sequence[str]) -> float: ...
+    async def queue(self, url: str, models: Sequence[str]) -> fleets.QueueReading: ...
 
     async def apply(
         self,
@@ -141,6 +142,22 @@ async def survey(replicas: Sequence[Replica], wanted: Sequence[str], fleet: Flee
 
 
 @dataclass(frozen=True)
+class Drain:
+    """A gated replica's drain: out of its Services, its queue watched until it is empty and no
+    new request arrives, or until rollout.drainTimeoutSeconds."""
+
+    seconds: float
+    arrived: float
+    """Requests that reached it after the settle time: clients that kept connections to the
+    Pod (HTTP keep-alive, gRPC channels) rather than the Service's endpoints."""
+    timed_out: bool
+
+    @property
+    def ineffective(self) -> bool:
+        return self.arrived > 0
+
+
+@dataclass(frozen=True)
 class Outcome:
     """Where one replica stands after a rollout pass."""
 
@@ -153,6 +170,8 @@ class Outcome:
     """The reloads this pass made on it."""
     error: ApplyError | None = None
     """Why it failed this pass; None when it did not, or was not tried (backing off, halted)."""
+    drain: Drain | None = None
+    """How its drain went, for a gated replica this pass switched."""
 
     @property
     def reloads(self) -> int:
@@ -291,6 +310,7 @@ async def _check(
 async def _switch(
     replica: Replica, models: Sequence[str], plan: Plan, fleet: Fleet, gates: Gates
 ) -> Outcome:
+    drain: Drain | None = None
     if replica.gated:
         await gates.set_gate(
             plan.namespace,
@@ -299,7 +319,15 @@ async def _switch(
             reason="Switching",
             message=f"draining before applying {plan.profile}",
         )
-        await _drain(replica, models, plan, fleet)
+        drain = await _drain(replica, models, plan, fleet)
+        if drain.ineffective:
+            logger.warning(
+                "%s kept receiving requests after leaving its Services (%g in %.1fs); "
+                "reloading anyway",
+                replica.title,
+                drain.arrived,
+                drain.seconds,
+            )
     applied: list[actuators.Applied] = []
     try:
         for model in models:
@@ -322,7 +350,7 @@ async def _switch(
                     done.previous_profile or "the repository configuration",
                 )
     except (overrides.ProfileRefused, servers.TritonError) as failure:
-        outcome = _failed(replica, failure, applied)
+        outcome = dataclasses.replace(_failed(replica, failure, applied), drain=drain)
         if replica.gated and outcome.error in ("refused", "rejected"):
             # The previous configuration serves: the Pod can take requests again.
             reason = "Refused" if outcome.error == "refused" else "RolledBack"
@@ -330,20 +358,35 @@ async def _switch(
         return outcome
     if replica.gated:
         await _open_gate(replica, plan, gates, reason="ConfigApplied")
-    return Outcome(replica, "Updated", plan.profile, "", tuple(applied))
+    return Outcome(replica, "Updated", plan.profile, "", tuple(applied), drain=drain)
 
 
-async def _drain(replica: Replica, models: Sequence[str], plan: Plan, fleet: Fleet) -> None:
-    """Wait, within the drain timeout, for the Pod to leave its Services and its queue to empty."""
-    deadline = asyncio.get_running_loop().time() + plan.rollout.drain_timeout_seconds
+async def _drain(replica: Replica, models: Sequence[str], plan: Plan, fleet: Fleet) -> Drain:
+    """Give the Pod the settle time to leave its Services, then wait, within the drain timeout,
+    until its queue is empty and no new request came since the last look.
+
+    Requests that arrive after the settle time are counted: what reached the Pod is what it
+    completed plus what its queue grew by. A client that keeps connections to the Pod (HTTP
+    keep-alive, a gRPC channel) keeps sending there whatever the Service's endpoints say."""
+    clock = asyncio.get_running_loop().time
+    started = clock()
+    deadline = started + plan.rollout.drain_timeout_seconds
     await asyncio.sleep(min(plan.settle_seconds, plan.rollout.drain_timeout_seconds))
-    while asyncio.get_running_loop().time() < deadline:
-        try:
-            if await fleet.pending_requests(replica.http_url, models) == 0:
-                return
-        except servers.TritonError:
-            return  # the apply will meet the same problem and report it
-        await asyncio.sleep(DRAIN_POLL_SECONDS)
+    arrived = 0.0
+    try:
+        last = await fleet.queue(replica.http_url, models)
+        while clock() < deadline:
+            await asyncio.sleep(DRAIN_POLL_SECONDS)
+            now = await fleet.queue(replica.http_url, models)
+            completed = now.completed - last.completed
+            new = max(completed, 0.0) + now.pending - last.pending if completed >= 0 else 0.0
+            arrived += max(new, 0.0)
+            if now.pending == 0 and new <= 0:
+                return Drain(clock() - started, arrived, timed_out=False)
+            last = now
+    except servers.TritonError:
+        pass  # the apply will meet the same problem and report it
+    return Drain(clock() - started, arrived, timed_out=clock() >= deadline)
 
 
 async def _open_gate(replica: Replica, plan: Plan, gates: Gates, *, reason: str) -> None:

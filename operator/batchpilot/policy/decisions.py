@@ -13,9 +13,11 @@ before its boundary, so that the rollout is over and the latency profile in forc
 boundary itself. Leaving a latency profile is never early. Instants are compared in UTC, so a
 lead is the same length across a clock change.
 
-SLO guard: while a profile the objective governs is in force and the measured p95 is above it,
-the queue delay is halved at once, at most once per `guardIntervalSeconds`, and returns to the
-profile's (or autotune's) once the p95 has stayed within the objective that long.
+SLO guard: while a profile the objective governs is in force and the p95 measured under the
+queue delay in force (it has held for `guardIntervalSeconds`) is above the objective, the delay
+drops at once, without autotune's hysteresis: to the sidecars' recommendation where that is
+lower, else to half; it returns to the profile's (or autotune's) once the p95 has stayed within
+the objective that long.
 """
 
 from __future__ import annotations
@@ -63,6 +65,11 @@ class Memory:
     """The queue delay SLO autotune keeps in force for `profile`; None when it sets none."""
     guard: Guard | None = None
     """The SLO guard's state while it holds the queue delay down."""
+    delay_microseconds: int | None = None
+    """The queue delay in force after the decision."""
+    delay_since: datetime.datetime | None = None
+    """Since when that delay has been in force: a p95 measured earlier was measured under
+    another one."""
 
 
 @dataclass(frozen=True)
@@ -157,9 +164,17 @@ def decide(
     settings, tuned = _settings(
         spec, profile, signals, None if switched else memory.tuned_delay_microseconds
     )
-    settings, guard, guarded = _guarded(
-        spec, profile, signals, now, settings, None if switched else memory.guard
+    settled = (
+        not switched
+        and memory.delay_since is not None
+        and spec.slo is not None
+        and now - memory.delay_since >= datetime.timedelta(seconds=spec.slo.guard_interval_seconds)
     )
+    settings, guard, guarded = _guarded(
+        spec, profile, signals, now, settings, None if switched else memory.guard, settled=settled
+    )
+    delay = settings.dynamic_batching["max_queue_delay_microseconds"]
+    delay_since = memory.delay_since if not switched and memory.delay_microseconds == delay else now
     if guarded is not None:
         reason = f"{reason}; {guarded}"
     if next_transition is not None and since is not None and not held:
@@ -179,6 +194,8 @@ def decide(
             rules=rule_states,
             tuned_delay_microseconds=tuned,
             guard=guard,
+            delay_microseconds=delay,
+            delay_since=delay_since,
         ),
         switched=switched,
         rollout_starts=rollout_starts,
@@ -242,7 +259,7 @@ def _schedule_wish(
 ) -> _Wish:
     """What the clock asks for now, or the next window's profile if its change starts early."""
     natural = _scheduled_now(spec, now)
-    upcoming = _upcoming_change(spec, now)
+    upcoming = _upcoming_change(spec, now) if lead > NO_LEAD else None
     if upcoming is None:
         return natural
     boundary, profile, description = upcoming
@@ -374,20 +391,27 @@ def _guarded(
     now: datetime.datetime,
     settings: rendering.Settings,
     guard: Guard | None,
+    *,
+    settled: bool,
 ) -> tuple[rendering.Settings, Guard | None, str | None]:
     """The settings with the SLO guard applied, its state for the next decision, and what it
-    says for the reason. Without a p95 reading the guard stays as it was."""
+    says for the reason. It acts on a breach only once the delay in force has `settled` (the
+    p95 was measured under it); without a p95 reading it stays as it was."""
     slo = spec.slo
     if slo is None or not slo.guard or not spec.slo_governs(profile):
         return settings, None, None
     p95 = signals.metrics.get("p95LatencyMs")
     interval = datetime.timedelta(seconds=slo.guard_interval_seconds)
+    in_force = settings.dynamic_batching["max_queue_delay_microseconds"]
+    if guard is not None:
+        in_force = min(in_force, guard.delay_microseconds)
     if p95 is not None and p95 > slo.p95_latency_ms:
-        in_force = settings.dynamic_batching["max_queue_delay_microseconds"]
-        if guard is not None:
-            in_force = min(in_force, guard.delay_microseconds)
-        lowered = max(round(in_force * GUARD_FACTOR), slo.min_queue_delay_microseconds)
-        if lowered < in_force and (guard is None or now - guard.changed_at >= interval):
+        recommended = signals.metrics.get(RECOMMENDED_QUEUE_DELAY)
+        lowered = round(in_force * GUARD_FACTOR)
+        if recommended is not None and recommended < in_force:
+            lowered = round(recommended)
+        lowered = max(lowered, slo.min_queue_delay_microseconds)
+        if settled and lowered < in_force:
             guard = Guard(delay_microseconds=lowered, changed_at=now)
         elif guard is not None:
             guard = dataclasses.replace(guard, within_since=None)

@@ -461,9 +461,11 @@ class Rollout(Model):
 
     max_unavailable: Annotated[int, Field(ge=1, le=1000)] = 1
     """Replicas switched at the same time; also how many may fail before the rollout stops."""
-    drain_timeout_seconds: Annotated[int, Field(ge=0, le=3600)] = 30
-    """For Pods with the batchpilot.dev/config-applied readiness gate: how long to wait for
-    in-flight requests to finish after taking the replica out of its Services."""
+    drain_timeout_seconds: Annotated[int, Field(ge=0, le=3600)] = 15
+    """For Pods with the batchpilot.dev/config-applied readiness gate: the longest wait, after
+    taking the replica out of its Services, for its queue to empty and new requests to stop.
+    Clients that keep connections to the Pod (HTTP keep-alive, gRPC channels) keep sending
+    there; once this passes the reload goes ahead and the DrainIneffective event says so."""
     unload_before_load: bool = False
     """Unload the model before loading the new configuration, so a GPU never holds two copies;
     the model is unavailable on that replica meanwhile."""

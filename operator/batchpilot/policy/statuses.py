@@ -16,7 +16,13 @@ class Model(specs.Model):
 
 
 ConditionType = Literal[
-    "Ready", "Progressing", "Degraded", "InvalidSpec", "SignalsUnavailable", "LeadTimeInsufficient"
+    "Ready",
+    "Progressing",
+    "Degraded",
+    "InvalidSpec",
+    "SignalsUnavailable",
+    "LeadTimeInsufficient",
+    "DrainIneffective",
 ]
 TargetState = Literal["Updated", "Pending", "Draining", "Applying", "Failed", "Unreachable"]
 
@@ -25,7 +31,8 @@ class Condition(Model):
     """The latest observation of one aspect of the policy's state."""
 
     type: Annotated[str, Field(max_length=64)]
-    """Ready, Progressing, Degraded, InvalidSpec, SignalsUnavailable or LeadTimeInsufficient."""
+    """Ready, Progressing, Degraded, InvalidSpec, SignalsUnavailable, LeadTimeInsufficient or
+    DrainIneffective."""
     status: Literal["True", "False", "Unknown"]
     """Whether the condition holds."""
     reason: Annotated[str, Field(max_length=128)] = ""
@@ -98,6 +105,7 @@ class BatchPolicyStatus(Model):
         max_length=16,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
-    """Ready, Progressing, Degraded, InvalidSpec, SignalsUnavailable and LeadTimeInsufficient."""
+    """Ready, Progressing, Degraded, InvalidSpec, SignalsUnavailable, LeadTimeInsufficient and
+    DrainIneffective."""
     observed_generation: int | None = None
     """The spec generation this status describes."""
