@@ -1,5 +1,7 @@
 """The generated Go modules: staging replacements come from the release's own go.mod."""
 
+from pathlib import Path
+
 from e2e.cluster import building, versions
 
 KUBERNETES_GO_MOD = """\
@@ -43,3 +45,19 @@ def test_go_directive_is_compared_as_numbers() -> None:
 def test_product_binaries_are_named_after_their_commands() -> None:
     names = [b for p in building.products(KUBERNETES_GO_MOD) for b in p.binaries]
     assert sorted(names) == sorted(building.ALL_BINARIES)
+
+
+def test_a_cache_without_a_new_command_builds_that_command_alone(tmp_path: Path) -> None:
+    (kubernetes,) = [p for p in building.products(KUBERNETES_GO_MOD) if p.name == "kubernetes"]
+    before_kube_proxy = [name for name in building.KUBERNETES_COMMANDS if name != "kube-proxy"]
+    for name in before_kube_proxy:
+        (tmp_path / name).write_text("")
+    stamps = dict.fromkeys(before_kube_proxy, kubernetes.source)
+    stale = building.stale_binaries(kubernetes, bin_dir=tmp_path, stamps=stamps)
+    assert stale == ["kube-proxy"]
+    assert building.narrowed(kubernetes, stale).packages == ("k8s.io/kubernetes/cmd/kube-proxy",)
+    stamps["kubectl"] = "k8s.io/kubernetes@v0.0.1"  # built from another release
+    assert building.stale_binaries(kubernetes, bin_dir=tmp_path, stamps=stamps) == [
+        "kube-proxy",
+        "kubectl",
+    ]
