@@ -23,6 +23,8 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	# The benchmarks run as scripts beside their shared module, not as a package.
+	MYPYPATH=tests/benchmarks $(VENV)/bin/mypy tests/benchmarks/bench_*.py tests/benchmarks/benchmarking.py
 	$(VENV)/bin/lint-imports
 
 # The helm that `make k8s-bins` builds.
