@@ -179,6 +179,14 @@ PANELS: tuple[Panel, ...] = (
 )
 
 
+def panel_id(title: str) -> int:
+    """The id of the panel with this title in the dashboard's JSON (alerts link to it)."""
+    for index, panel in enumerate(PANELS):
+        if panel.title == title:
+            return index + 1
+    raise KeyError(f"no dashboard panel is titled {title!r}")
+
+
 _DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 _WIDTH, _HEIGHT = 12, 8
 
@@ -220,7 +228,7 @@ def _panel_json(panel: Panel, index: int) -> dict[str, Any]:
         defaults["custom"] = {"lineWidth": 1, "fillOpacity": 10, "showPoints": "never"}
         options["tooltip"] = {"mode": "multi", "sort": "desc"}
     return {
-        "id": index + 1,
+        "id": panel_id(panel.title),
         "type": panel.kind,
         "title": panel.title,
         "description": panel.description,
