@@ -13,6 +13,7 @@ from batchpilot import telemetry
 from batchpilot_charts import queries
 
 DASHBOARD_UID = "batchpilot"
+DASHBOARD_TITLE = "batchpilot: Triton dynamic batching"
 
 
 @dataclass(frozen=True)
@@ -260,7 +261,9 @@ def dashboard() -> dict[str, Any]:
     requests = queries.sidecar("requests_per_second")
     return {
         "uid": DASHBOARD_UID,
-        "title": "batchpilot",
+        # Not "batchpilot": Grafana refuses a dashboard named like its folder, and the alert
+        # rules live in the folder "batchpilot" (rendering.GRAFANA_FOLDER).
+        "title": DASHBOARD_TITLE,
         "description": "Policy-driven dynamic batching for Triton: profiles, latency, batching.",
         "tags": ["batchpilot", "triton"],
         "editable": True,
