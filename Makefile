@@ -56,7 +56,7 @@ deps:
 unit: venv
 	$(PY) -m pytest tests/unit
 
-integration: venv deps
+integration: venv deps k8s-bins grafana
 	$(PY) -m pytest tests/integration
 
 # The benchmarks with their full figures, one after another (about 50 minutes on 2 cores: the policy
@@ -99,7 +99,7 @@ e2e: venv k8s-bins
 
 # Everything CI runs (.ci/run): linters, unit and integration tests, the e2e suite, and the
 # benchmarks in their short modes (figures printed, nothing about speed asserted).
-test: lint deps k8s-bins
+test: lint deps k8s-bins grafana
 	$(PY) -m pytest tests
 	$(PY) -m pytest e2e --e2e
 	$(PY) -m pytest tests/benchmarks -m benchmark -s
