@@ -68,9 +68,6 @@ class GrafanaServer:
     def post(self, path: str, body: Any) -> Any:
         return self.request("POST", path, body)
 
-    def log_tail(self) -> str:
-        return self.log_path.read_text(errors="replace")[-LOG_TAIL_CHARACTERS:]
-
     def errors(self, logger: str) -> list[str]:
         """The log's error lines from loggers whose name starts with `logger`."""
         return [
@@ -144,10 +141,10 @@ def grafana_server(tmp_path: Path) -> Iterator[StartGrafana]:
         grafana = building.require()
     except go_building.BuildError as error:
         pytest.fail(f"{error}. Grafana is what loads the chart's dashboard and alerts here.")
-    started: list[GrafanaServer] = []
+    stopping: list[subprocess.Popen[bytes]] = []
 
     def start(provisioning: Mapping[str, str]) -> GrafanaServer:
-        directory = tmp_path / f"grafana-{len(started)}"
+        directory = tmp_path / f"grafana-{len(stopping)}"
         for folder in ("data", "logs", "plugins", *PROVISIONING_FOLDERS):
             (directory / folder).mkdir(parents=True)
         for name, text in provisioning.items():
@@ -171,10 +168,10 @@ def grafana_server(tmp_path: Path) -> Iterator[StartGrafana]:
                 stderr=subprocess.STDOUT,
                 cwd=directory,
             )
-        server = GrafanaServer(f"http://127.0.0.1:{port}", password, process, log_path, "")
-        started.append(server)
+        url = f"http://127.0.0.1:{port}"
+        stopping.append(process)
         deadline = time.monotonic() + 90
-        while (health := _health(server.url)) is None or health.get("database") != "ok":
+        while (health := _health(url)) is None or health.get("database") != "ok":
             if process.poll() is not None or time.monotonic() > deadline:
                 output_so_far = (directory / "stdout.log").read_text(errors="replace")
                 log = log_path.read_text(errors="replace") if log_path.exists() else ""
@@ -183,15 +180,13 @@ def grafana_server(tmp_path: Path) -> Iterator[StartGrafana]:
                     f"{log[-LOG_TAIL_CHARACTERS:]}"
                 )
             time.sleep(0.5)
-        return GrafanaServer(
-            server.url, password, process, log_path, str(health.get("version", ""))
-        )
+        return GrafanaServer(url, password, process, log_path, str(health.get("version", "")))
 
     yield start
-    for server in started:
-        server.process.terminate()
+    for process in stopping:
+        process.terminate()
         try:
-            server.process.wait(timeout=30)
+            process.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            server.process.kill()
-            server.process.wait()
+            process.kill()
+            process.wait()
