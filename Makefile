@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: venv deps lint unit integration e2e e2e-kind kind-down test demo generate helm-lint dashboard-png bench bench-short gpu-check gpu-wheels
+.PHONY: venv deps lint unit integration e2e e2e-kind kind-down test demo generate helm-lint dashboard-png bench bench-short gpu-check gpu-wheels grafana
 
 # The main job: a local Triton, the demo model, a policy and load; watch it switch.
 demo: venv
@@ -23,6 +23,8 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	# The benchmarks run as scripts beside their shared module, not as a package.
+	MYPYPATH=tests/benchmarks $(VENV)/bin/mypy tests/benchmarks/bench_*.py tests/benchmarks/benchmarking.py
 	$(VENV)/bin/lint-imports
 
 # The helm that `make k8s-bins` builds.
@@ -59,7 +61,7 @@ deps:
 unit: venv
 	$(PY) -m pytest tests/unit
 
-integration: venv deps
+integration: venv deps k8s-bins grafana
 	$(PY) -m pytest tests/integration
 
 # The benchmarks with their full figures, one after another (about 50 minutes on 2 cores: the policy
@@ -103,7 +105,7 @@ e2e: venv deps k8s-bins
 
 # Everything CI runs (.ci/run): linters, unit and integration tests, the e2e suite, and the
 # benchmarks in their short modes (figures printed, nothing about speed asserted).
-test: lint deps k8s-bins
+test: lint deps k8s-bins grafana
 	$(PY) -m pytest tests
 	$(PY) -m pytest e2e --e2e
 	$(PY) -m pytest tests/benchmarks -m benchmark -s
@@ -120,6 +122,13 @@ cluster-up: venv deps
 
 cluster-down:
 	$(PY) -m e2e.cluster down
+
+# The Grafana server that loads the chart's dashboard and alert rules in
+# tests/integration/test_grafana.py, built from its Go module once per version into
+# ${BATCHPILOT_CACHE:-~/.cache/batchpilot}/grafana (needs Go and a C compiler; the web front end
+# is not built).
+grafana: venv
+	$(PY) -m e2e.grafana build
 
 # The same e2e suite on kind, for machines with a Docker engine (not this project's CI machines):
 # builds kind and the three images, installs the chart, runs the suite. `make kind-down` after.

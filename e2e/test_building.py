@@ -1,8 +1,12 @@
-"""The generated Go modules: staging replacements come from the release's own go.mod."""
+"""The generated Go modules: staging replacements come from the release's own go.mod; Grafana
+is built from the commit its pin names."""
 
 from pathlib import Path
 
+import pytest
+
 from e2e.cluster import building, versions
+from e2e.grafana import building as grafana_building
 
 KUBERNETES_GO_MOD = """\
 module k8s.io/kubernetes
@@ -61,3 +65,24 @@ def test_a_cache_without_a_new_command_builds_that_command_alone(tmp_path: Path)
         "kube-proxy",
         "kubectl",
     ]
+
+
+def test_grafana_is_built_from_the_commit_its_pseudo_version_names() -> None:
+    assert grafana_building.commit_of(versions.GRAFANA) == versions.GRAFANA[-12:]
+    assert grafana_building.commit_of("v0.0.0-20250220163425-b4c4b9abbdc8") == "b4c4b9abbdc8"
+    with pytest.raises(building.BuildError):
+        grafana_building.commit_of("v12.2.0")
+
+
+def test_wire_is_built_with_the_pinned_go_tools() -> None:
+    rendered = grafana_building.render_wire_go_mod()
+    assert f"github.com/google/wire {versions.WIRE}" in rendered
+    assert f"golang.org/x/tools {versions.WIRE_GO_TOOLS}" in rendered
+
+
+def test_a_missing_grafana_names_the_make_target(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BATCHPILOT_CACHE", str(tmp_path))
+    with pytest.raises(building.BuildError, match="make grafana"):
+        grafana_building.require()

@@ -5,8 +5,9 @@ from collections.abc import Iterator
 
 import pytest
 
-# Real Triton servers for the integration tests, the demo and the benchmarks.
-pytest_plugins = ["triton_fixtures", "prometheus_fixtures"]
+# Real Triton servers for the integration tests, the demo and the benchmarks; Prometheus and
+# Grafana for the dashboard and alert tests.
+pytest_plugins = ["triton_fixtures", "prometheus_fixtures", "grafana_fixtures"]
 
 
 @pytest.fixture(scope="session", autouse=True)

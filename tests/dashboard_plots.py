@@ -1,8 +1,8 @@
 """The dashboard's panels drawn with matplotlib from Prometheus range queries.
 
-Grafana does not run here; this draws the same panels from the same queries
-(batchpilot_charts.dashboards.PANELS) for the README's picture, which
-tests/integration/test_dashboard.py takes from real data (`make dashboard-png`).
+The Grafana the tests build runs without its web front end (see README), so this draws the
+same panels from the same queries (batchpilot_charts.dashboards.PANELS) for the README's picture,
+which tests/integration/test_dashboard.py takes from real data (`make dashboard-png`).
 """
 
 from __future__ import annotations

@@ -96,17 +96,30 @@ def parse_go_version(text: str) -> tuple[int, ...]:
     return tuple(int(part or 0) for part in match.groups())
 
 
-def downloaded_go_mod(module: str, version: str, *, env: Mapping[str, str]) -> str:
-    """The go.mod of a published module version, via the module cache."""
-    out = subprocess.run(
+def downloaded_module(module: str, version: str, *, env: Mapping[str, str]) -> dict[str, str]:
+    """`go mod download -json` of a published module version: its Dir, GoMod, Sum, ..."""
+    locations.cache_root().mkdir(parents=True, exist_ok=True)
+    completed = subprocess.run(
         ["go", "mod", "download", "-json", f"{module}@{version}"],
-        check=True,
+        check=False,
         capture_output=True,
         text=True,
         env=dict(env),
         cwd=locations.cache_root(),
-    ).stdout
-    return Path(json.loads(out)["GoMod"]).read_text()
+    )
+    try:
+        answer = json.loads(completed.stdout)
+    except json.JSONDecodeError:
+        answer = {}
+    if completed.returncode != 0 or "Error" in answer:
+        reason = answer.get("Error") or completed.stderr.strip()
+        raise BuildError(f"cannot download {module}@{version}: {reason}")
+    return {str(key): str(value) for key, value in answer.items() if isinstance(value, str)}
+
+
+def downloaded_go_mod(module: str, version: str, *, env: Mapping[str, str]) -> str:
+    """The go.mod of a published module version, via the module cache."""
+    return Path(downloaded_module(module, version, env=env)["GoMod"]).read_text()
 
 
 def go_directive(go_mod: str) -> str:

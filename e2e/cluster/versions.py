@@ -1,4 +1,4 @@
-"""The one place where the versions of the test control plane are pinned.
+"""The one place where the versions of the test control plane (and of the test Grafana) are pinned.
 
 Kubernetes is built from its Go modules, so any release the module proxy has can be used; the pin
 is the newest minor whose ``go`` directive our Go toolchain satisfies. etcd follows the 3.6 line
@@ -13,3 +13,14 @@ KWOK: Final = "v0.8.0"
 HELM: Final = "v3.22.0"
 PROMETHEUS_OPERATOR: Final = "v0.85.0"
 """Only its CRDs (ServiceMonitor, PodMonitor, PrometheusRule), for the chart's monitoring."""
+GRAFANA: Final = "v1.9.2-0.20230609164553-81d85ce8028d"
+"""Grafana's server, for the dashboard and alert tests: the module github.com/grafana/grafana at
+main commit 81d85ce8028d of 2023-06-09 (package.json: 10.0.0-preview). Its release tags are not
+module versions (no /v10 suffix), so only pseudo-versions exist, and the module proxy these
+machines reach refuses newer ones it was asked for (13.2.3's release commit, a main commit of
+2026-09-16: 403 "This module version is not available")."""
+WIRE: Final = "v0.6.0"
+WIRE_GO_TOOLS: Final = "v0.41.0"
+"""Google's wire generates Grafana's dependency injection (pkg/server/wire_gen.go is not in the
+module); it is built with this golang.org/x/tools, since the one Grafana pins (v0.7.0) crashes
+inside go/types of a current Go."""

@@ -303,7 +303,9 @@ class Reconciler:
         replicas: Sequence[Replica],
         state: PolicyMemory,
     ) -> sources.Reading:
-        wanted = bool(policy.load and policy.load.rules) or bool(policy.slo and policy.slo.autotune)
+        # Rules need signals; so does an objective: autotune, the guard and the SLO alert read
+        # the measured p95.
+        wanted = bool(policy.load and policy.load.rules) or policy.slo is not None
         if not wanted:
             return sources.Reading(signals=decisions.Signals())
         prometheus = policy.load.prometheus.url if policy.load and policy.load.prometheus else ""

@@ -29,6 +29,8 @@ class Alert:
     description: str
     runbook: tuple[str, ...]
     """What to check, step by step."""
+    panel: str
+    """The title of the dashboard panel to look at first (Grafana links the alert to it)."""
 
     def runbook_text(self) -> str:
         return "\n".join(f"{number}. {step}" for number, step in enumerate(self.runbook, 1))
@@ -41,6 +43,7 @@ _SIGNALS_MISSING = f"{telemetry.SIGNALS_UNAVAILABLE} == 1"
 ALERTS: tuple[Alert, ...] = (
     Alert(
         name="BatchpilotSloBreached",
+        panel="p95 latency against the objective",
         # A stale latency reading (signals missing) is that alert's business, not this one's.
         # The profile label comes from the profile in force (topk: one, even if a replica that
         # lost the lead still reports another).
@@ -75,6 +78,7 @@ ALERTS: tuple[Alert, ...] = (
     ),
     Alert(
         name="BatchpilotApplyFailures",
+        panel="Apply latency",
         # Controllers export these counters from zero, so `increase` sees the first failure.
         expr=f"sum by (namespace, policy, reason) (increase({telemetry.APPLY_ERRORS}[15m])) > 0",
         for_=None,
@@ -99,6 +103,7 @@ ALERTS: tuple[Alert, ...] = (
     ),
     Alert(
         name="BatchpilotDrainIneffective",
+        panel="p95 latency against the objective",
         expr=(f"sum by (namespace, policy) (increase({telemetry.DRAINS_INEFFECTIVE}[1h])) > 0"),
         for_=None,
         severity="warning",
@@ -123,6 +128,7 @@ ALERTS: tuple[Alert, ...] = (
     ),
     Alert(
         name="BatchpilotProfileFlapping",
+        panel="Profile switches",
         expr=f"sum by (namespace, policy) (increase({telemetry.PROFILE_SWITCHES}[1h])) > 6",
         for_=None,
         severity="warning",
@@ -142,6 +148,7 @@ ALERTS: tuple[Alert, ...] = (
     ),
     Alert(
         name="BatchpilotTargetsFailed",
+        panel="Targets",
         expr=(
             "max by (namespace, policy, state) "
             f'({telemetry.TARGETS}{{state=~"failed|unreachable"}}) > 0'
@@ -164,6 +171,7 @@ ALERTS: tuple[Alert, ...] = (
     ),
     Alert(
         name="BatchpilotTargetsDrifted",
+        panel="Targets",
         expr=f'max by (namespace, policy) ({telemetry.TARGETS}{{state="pending"}}) > 0',
         for_="15m",
         severity="warning",
@@ -182,6 +190,7 @@ ALERTS: tuple[Alert, ...] = (
     ),
     Alert(
         name="BatchpilotOperatorDown",
+        panel="Active profile",
         expr=f'absent(up{{job="{queries.OPERATOR_JOB}"}} == 1)',
         for_="5m",
         severity="critical",
@@ -203,6 +212,7 @@ ALERTS: tuple[Alert, ...] = (
     ),
     Alert(
         name="BatchpilotSignalsUnavailable",
+        panel="Request rate",
         expr=queries.by_policy(_SIGNALS_MISSING),
         for_="10m",
         severity="warning",
@@ -226,6 +236,7 @@ ALERTS: tuple[Alert, ...] = (
     ),
     Alert(
         name="BatchpilotGpuUnderusedInThroughput",
+        panel="GPU utilization",
         # Which profile trades latency for throughput is the policy's to say (its role, declared
         # or implied by the longest queue delay), so no profile name is written here. The
         # profile in force is chosen as for BatchpilotSloBreached, then kept only if the policy

@@ -13,6 +13,7 @@ from batchpilot import telemetry
 from batchpilot_charts import queries
 
 DASHBOARD_UID = "batchpilot"
+DASHBOARD_TITLE = "batchpilot: Triton dynamic batching"
 
 
 @dataclass(frozen=True)
@@ -179,6 +180,14 @@ PANELS: tuple[Panel, ...] = (
 )
 
 
+def panel_id(title: str) -> int:
+    """The id of the panel with this title in the dashboard's JSON (alerts link to it)."""
+    for index, panel in enumerate(PANELS):
+        if panel.title == title:
+            return index + 1
+    raise KeyError(f"no dashboard panel is titled {title!r}")
+
+
 _DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 _WIDTH, _HEIGHT = 12, 8
 
@@ -220,7 +229,7 @@ def _panel_json(panel: Panel, index: int) -> dict[str, Any]:
         defaults["custom"] = {"lineWidth": 1, "fillOpacity": 10, "showPoints": "never"}
         options["tooltip"] = {"mode": "multi", "sort": "desc"}
     return {
-        "id": index + 1,
+        "id": panel_id(panel.title),
         "type": panel.kind,
         "title": panel.title,
         "description": panel.description,
@@ -252,7 +261,9 @@ def dashboard() -> dict[str, Any]:
     requests = queries.sidecar("requests_per_second")
     return {
         "uid": DASHBOARD_UID,
-        "title": "batchpilot",
+        # Not "batchpilot": Grafana refuses a dashboard named like its folder, and the alert
+        # rules live in the folder "batchpilot" (rendering.GRAFANA_FOLDER).
+        "title": DASHBOARD_TITLE,
         "description": "Policy-driven dynamic batching for Triton: profiles, latency, batching.",
         "tags": ["batchpilot", "triton"],
         "editable": True,

@@ -94,7 +94,10 @@ def grafana_alert_rules() -> dict[str, Any]:
                     "summary": _grafana_template(alert.summary),
                     "description": _grafana_template(alert.description),
                     "runbook": alert.runbook_text(),
+                    # Grafana refuses a dashboard link without its panel, and one refused
+                    # rule stops its provisioning and the server with it.
                     "__dashboardUid__": dashboards.DASHBOARD_UID,
+                    "__panelId__": str(dashboards.panel_id(alert.panel)),
                 },
             }
         )

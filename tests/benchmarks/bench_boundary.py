@@ -37,6 +37,7 @@ import benchmarking
 from e2e import balancing, fleet, operators, waiting
 
 from batchpilot_harness import loadgen
+from batchpilot_triton import modelconfigs
 
 POLICY = "desk"
 LEAD_TIMES = ("auto", "0s")
@@ -123,7 +124,7 @@ async def _follow(ips: dict[str, str], origin: float, within: float) -> dict[str
                     config = await response.json()
             except (aiohttp.ClientError, TimeoutError, ValueError):
                 return
-            running = (config.get("parameters") or {}).get(fleet.PROFILE_PARAMETER, {})
+            running = (config.get("parameters") or {}).get(modelconfigs.PROFILE_PARAMETER, {})
             delay = (config.get("dynamic_batching") or {}).get("max_queue_delay_microseconds")
             if (
                 running.get("string_value") == "interactive"

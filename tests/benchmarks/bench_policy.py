@@ -45,6 +45,7 @@ import dataclasses
 import datetime
 import functools
 import logging
+import math
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
@@ -104,8 +105,10 @@ def trading_day(*, short: bool, speed: float | None = None) -> benchmarking.Trad
     )
 
 
-def policy_document(model: str) -> dict[str, Any]:
-    """batchpilot's policy for the day; durations are in the virtual day's time."""
+def policy_document(model: str, *, speed: float = 1.0) -> dict[str, Any]:
+    """batchpilot's policy for the day; durations are in the virtual day's time. The SLO guard
+    waits for a p95 measured under the delay in force, and Triton's latency summaries cover
+    about the last minute of real time: `speed` minutes of the day."""
     return {
         "apiVersion": documents.API_VERSION,
         "kind": documents.KIND,
@@ -156,6 +159,7 @@ def policy_document(model: str) -> dict[str, Any]:
                 "autotune": True,
                 "minQueueDelayMicroseconds": 500,
                 "maxQueueDelayMicroseconds": 10000,
+                "guardIntervalSeconds": min(math.ceil(SUMMARY_WINDOW_SECONDS * speed), 86_400),
             },
             "minDwellSeconds": 600,
         },
@@ -386,6 +390,10 @@ async def _scrape(
             continue
 
 
+SUMMARY_WINDOW_SECONDS = 60.0
+"""Real seconds Triton's latency summaries (the p95 the sidecar reports) describe."""
+
+
 def signal_window(day: benchmarking.TradingDay) -> float:
     """Wall seconds over which the sidecar measures rates: 2.5 minutes of the virtual day, but
     at least 0.25 s (fewer requests make noisy rates) and at most 1 s. The runner ticks, and
@@ -475,7 +483,7 @@ async def _drive_batchpilot(
     model: str,
     tick_seconds: float,
 ) -> Replay:
-    spec = documents.parse_document(policy_document(model))
+    spec = documents.parse_document(policy_document(model, speed=day.speed))
     source = sidecars.SidecarSource([sidecar.url], models=[model], slo=spec.slo)
     origin = float("inf")  # the clock reads the start of the day until the load starts
     runner = running.Runner(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -123,6 +124,18 @@ def test_grafana_alert_rules_mirror_the_prometheus_rules() -> None:
         assert mirrored["annotations"]["runbook"] == rule["annotations"]["runbook"]
         assert "$value " not in mirrored["annotations"]["description"]
         assert len(mirrored["uid"]) <= 40
+
+
+def test_grafana_alert_rules_link_to_a_panel_of_the_dashboard() -> None:
+    grafana = yaml.safe_load((CHART / "files" / "grafana-alerts.yaml").read_text())
+    dashboard = json.loads((CHART / "files" / "dashboard.json").read_text())
+    panels = {str(panel["id"]): panel["title"] for panel in dashboard["panels"]}
+    expected = {alert.name: alert.panel for alert in alerts.ALERTS}
+    for rule in grafana["groups"][0]["rules"]:
+        annotations = rule["annotations"]
+        # Grafana refuses one without the other (and stops provisioning altogether).
+        assert annotations["__dashboardUid__"] == dashboard["uid"]
+        assert panels[annotations["__panelId__"]] == expected[rule["title"]]
 
 
 def test_chart_scrapes_with_the_jobs_the_alerts_expect() -> None:

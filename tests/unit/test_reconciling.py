@@ -359,3 +359,13 @@ async def test_a_drain_that_does_not_stop_requests_is_an_event_a_condition_and_a
     # No rollout the next time: the condition stays as the last drain left it.
     again = await reconcile(subject, spec, status=outcome.status)
     assert conditions(again.status)["DrainIneffective"] == ("True", "RequestsKeptArriving")
+
+
+@pytest.mark.looptime
+async def test_a_policy_with_only_an_objective_still_reads_its_signals() -> None:
+    targets, fleet = two_servers()
+    signals = FixedSignals({"p95LatencyMs": 12.0})
+    subject = reconciler(targets, fleet, signals=signals)
+    await reconcile(subject, spec_document(slo={"p95LatencyMs": 50}))
+    sample = subject.metrics.registry.get_sample_value
+    assert sample("batchpilot_signal", {"policy": "fleet", "metric": "p95LatencyMs"}) == 12.0

@@ -428,12 +428,15 @@ class Slo(Model):
     max_queue_delay_microseconds: QueueDelay = 100_000
     """Highest queue delay autotune may set."""
     guard: bool = True
-    """While a profile the objective governs is in force and the measured p95 is above it,
-    halve the queue delay at once (down to minQueueDelayMicroseconds), without waiting for
-    autotune's hysteresis; back to the profile's delay (or autotune's) once the p95 has stayed
-    within the objective for guardIntervalSeconds. Needs the p95LatencyMs signal."""
-    guard_interval_seconds: Annotated[int, Field(ge=1, le=3600)] = 15
-    """The least time between two guard changes, each a reload."""
+    """While a profile the objective governs is in force and the p95, measured under the queue
+    delay in force, is above the objective, lower the delay at once (to the sidecars'
+    recommendation where that is lower, else to half; never below minQueueDelayMicroseconds),
+    without waiting for autotune's hysteresis; back to the profile's delay (or autotune's) once
+    the p95 has stayed within the objective for guardIntervalSeconds. Needs p95LatencyMs."""
+    guard_interval_seconds: Annotated[int, Field(ge=1, le=86_400)] = 60
+    """How long a queue delay must have been in force before a p95 counts as measured under it,
+    and the least time between two guard changes (each a reload). The default covers Triton's
+    latency summaries, which describe about the last minute."""
 
     cross_field_rules = (
         validations.CrossFieldRule(
