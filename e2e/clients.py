@@ -301,8 +301,12 @@ class ClientProcess:
         return [loadgen.RequestRecord(**json.loads(line)) for line in lines]
 
     def __exit__(self, *exc_info: object) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self._end(kill=True)
+        if self.process is not None:
+            if self.process.poll() is None:
+                self._end(kill=True)
+            for pipe in (self.process.stdout, self.process.stderr):
+                if pipe is not None:
+                    pipe.close()
         self._folder.cleanup()
 
     def _end(self, *, kill: bool, timeout: float = 10.0) -> None:

@@ -446,7 +446,7 @@ def test_keep_alive_clients_make_the_drain_ineffective_and_it_is_said_and_bounde
     print(f"\n{len(records)} requests, {failed} failed; rollout {rollout:.1f} s; {warnings}")
     assert warnings, "no DrainIneffective event"
     assert all("kept receiving requests after it left its Services" in w for w in warnings)
-    assert {pod for pod in ips if any(f"/{pod} " in w for w in warnings)}, warnings
+    assert {pod for pod in ips if any(f"pod {pod} " in w for w in warnings)}, warnings
     condition = operators.condition(status_of(kube, namespace), "DrainIneffective")
     assert condition["status"] == "True", condition
     assert condition["reason"] == "RequestsKeptArriving"

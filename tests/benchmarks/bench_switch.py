@@ -498,7 +498,7 @@ def run_mode(
     out_dir: Path,
 ) -> tuple[list[CellReport], dict[str, list[str]]]:
     """The mode's cells, and the gate history of each Pod."""
-    reports = []
+    reports: list[CellReport] = []
     with (
         fleet_behind_a_service(kube, operator_kubeconfig, mode, the_plan, out_dir) as served,
         balancing.ReadyBalancer(kube, served.namespace, served.ips) as balancer,
