@@ -10,7 +10,9 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 from kubernetes import client
 
 from batchpilot.kube import pods
@@ -219,6 +221,35 @@ def test_triton_pod_is_running_and_answers_inference_on_its_pod_ip(
     (output,) = answer["outputs"]
     assert output["shape"] == [2, 16]
     assert output["data"][0] == pytest.approx(0.4621, abs=1e-3)  # tanh(0.5)
+
+
+@pytest.mark.timeout(120)
+def test_triton_pod_can_ask_for_a_grpc_max_connection_age(
+    kube: Kube, local_cluster: controlplane.Cluster, namespace: str
+) -> None:
+    """The annotation reaches tritonserver's flags, and a gRPC client keeps being served across
+    the connections the server ends."""
+    ips = fleet.start_tritons(kube, namespace, 1, grpc_max_connection_age_ms=500)
+    (ip,) = ips.values()
+    (server,) = [
+        pid
+        for pid in podnetwork.pids(podnetwork.Host(ip=ip))
+        if Path(f"/proc/{pid}/exe").resolve().name == "tritonserver"
+    ]
+    flags = Path(f"/proc/{server}/cmdline").read_bytes().split(b"\0")
+    assert b"--grpc-max-connection-age=500" in flags
+    triton = grpcclient.InferenceServerClient(f"{ip}:{endpoints.TRITON_GRPC_PORT}")
+    item = grpcclient.InferInput("INPUT", [1, 16], "FP32")
+    item.set_data_from_numpy(np.full((1, 16), 0.5, dtype=np.float32))
+    answered = 0
+    until = time.monotonic() + 2.5  # five connection ages
+    while time.monotonic() < until:
+        result = triton.infer(fleet.MODEL, [item], client_timeout=10)
+        assert result.as_numpy("OUTPUT") is not None
+        answered += 1
+        time.sleep(0.05)
+    triton.close()
+    assert answered > 20
 
 
 @pytest.mark.timeout(120)

@@ -269,8 +269,13 @@ class Runner:
 
     def spawn(self, pod: PodRequest, command: Command) -> subprocess.Popen[bytes]:
         env = dict(os.environ)
-        # Pods run the checkout's code, which the venv may not have installed.
-        source_roots = [locations.REPO_ROOT / "operator", locations.REPO_ROOT / "sidecar"]
+        # Pods run the checkout's code, which the venv may not have installed (the repository
+        # root for e2e.cluster.podtritons).
+        source_roots = [
+            locations.REPO_ROOT / "operator",
+            locations.REPO_ROOT / "sidecar",
+            locations.REPO_ROOT,
+        ]
         env["PYTHONPATH"] = os.pathsep.join(
             [*map(str, source_roots), *filter(None, [env.get("PYTHONPATH")])]
         )
