@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from e2e.cluster import podrunner, podtritons
+from batchpilot_harness import local_triton
+from e2e.cluster import podrunner
 
 NODES = ("kwok-node-0",)
 NETWORKS = (ipaddress.ip_network("10.88.0.0/24"),)
@@ -127,9 +128,10 @@ def test_a_grpc_connection_age_runs_triton_with_that_flag(tmp_path: Path) -> Non
     assert req is not None
     assert req.grpc_max_connection_age_ms == 1500
     triton, _ = podrunner.RUNTIMES["triton"](req, podrunner.Workspace(directory=tmp_path))
-    assert triton.argv[1:3] == ("-m", "e2e.cluster.podtritons")
+    assert triton.argv[1:3] == ("-m", "batchpilot_harness.local_triton")
     assert triton.argv[-2:] == ("--grpc-max-connection-age-ms", "1500")
-    assert podtritons.extra_arguments(grpc_max_connection_age_ms=1500) == [
+    assert local_triton.grpc_age_arguments(1500) == [
         "--grpc-max-connection-age=1500",
         "--grpc-max-connection-age-grace=1500",
     ]
+    assert local_triton.grpc_age_arguments(None) == []

@@ -36,7 +36,8 @@ from e2e.cluster import controlplane, locations, podnetwork, processes, rest
 RUNTIME_ANNOTATION = "batchpilot.dev/e2e-runtime"
 MODELS_ANNOTATION = "batchpilot.dev/e2e-models"
 GRPC_AGE_ANNOTATION = "batchpilot.dev/e2e-grpc-max-connection-age-ms"
-"""Triton ends each gRPC connection after about this long (`podtritons`): 100 to 600000."""
+"""Triton ends each gRPC connection after about this long (`local_triton`'s
+`--grpc-max-connection-age-ms`): 100 to 600000."""
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 MAX_MODELS = 8
 STOP_TIMEOUT = 10.0
@@ -101,14 +102,10 @@ def http_echo_commands(pod: PodRequest, workspace: Workspace) -> tuple[Command, 
 
 
 def triton_commands(pod: PodRequest, workspace: Workspace) -> tuple[Command, ...]:
-    # local_triton as it is, unless the pod asks for server flags it has no option for.
-    module = "batchpilot_harness.local_triton"
-    if pod.grpc_max_connection_age_ms is not None:
-        module = "e2e.cluster.podtritons"
     argv = [
         sys.executable,
         "-m",
-        module,
+        "batchpilot_harness.local_triton",
         "--host",
         endpoints.EVERY_ADDRESS,
         "--http-port",
@@ -269,13 +266,8 @@ class Runner:
 
     def spawn(self, pod: PodRequest, command: Command) -> subprocess.Popen[bytes]:
         env = dict(os.environ)
-        # Pods run the checkout's code, which the venv may not have installed (the repository
-        # root for e2e.cluster.podtritons).
-        source_roots = [
-            locations.REPO_ROOT / "operator",
-            locations.REPO_ROOT / "sidecar",
-            locations.REPO_ROOT,
-        ]
+        # Pods run the checkout's code, which the venv may not have installed.
+        source_roots = [locations.REPO_ROOT / "operator", locations.REPO_ROOT / "sidecar"]
         env["PYTHONPATH"] = os.pathsep.join(
             [*map(str, source_roots), *filter(None, [env.get("PYTHONPATH")])]
         )
