@@ -45,11 +45,14 @@ helm-lint: venv k8s-bins
 dashboard-png: venv deps
 	BATCHPILOT_DASHBOARD_PNG=charts/batchpilot/dashboard.png $(PY) -m pytest tests/integration/test_dashboard.py
 
-# Debian packages the tests use: prometheus (the server and promtool). Installed only when
-# missing; the package lists are refreshed only when the install fails without.
-DEBIAN_PACKAGES := prometheus
+# Debian packages the tests use: prometheus (the server and promtool); nftables (kube-proxy's
+# nftables mode and the pod network's filter), conntrack and iptables (to look at and clean up
+# what kube-proxy does). Installed only when missing; the package lists are refreshed only when
+# the install fails without.
+DEBIAN_PACKAGES := prometheus nftables conntrack iptables
 deps:
-	@command -v prometheus >/dev/null && command -v promtool >/dev/null || { \
+	@(for tool in prometheus promtool nft conntrack iptables; do \
+	  command -v $$tool >/dev/null || exit 1; done) || { \
 	  sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  $$sudo apt-get install -y --no-install-recommends $(DEBIAN_PACKAGES) \
@@ -64,7 +67,7 @@ integration: venv deps k8s-bins grafana
 # The benchmarks with their full figures, one after another (about 50 minutes on 2 cores: the policy
 # day alone is about 32 minutes); figures, JSON, Markdown and plots go to .bench/. The switch and
 # scale benchmarks use this checkout's local control plane, starting one if none is up.
-bench: venv k8s-bins
+bench: venv deps k8s-bins
 	$(PY) tests/benchmarks/bench_sidecar.py
 	$(PY) tests/benchmarks/bench_policy.py
 	$(PY) tests/benchmarks/bench_switch.py
@@ -72,7 +75,7 @@ bench: venv k8s-bins
 	$(PY) tests/benchmarks/bench_boundary.py
 
 # Their short modes, as CI runs them: figures printed, nothing about speed asserted.
-bench-short: venv k8s-bins
+bench-short: venv deps k8s-bins
 	$(PY) -m pytest tests/benchmarks -m benchmark -s
 
 # On a machine with an NVIDIA GPU (not part of `make test`): tritonserver serving torch_mlp on CUDA,
@@ -97,7 +100,7 @@ gpu-wheels: venv
 
 # Against a real API server: the local control plane (started and stopped by the suite), or the
 # cluster $$KUBECONFIG names if it is a test cluster.
-e2e: venv k8s-bins
+e2e: venv deps k8s-bins
 	$(PY) -m pytest e2e --e2e
 
 # Everything CI runs (.ci/run): linters, unit and integration tests, the e2e suite, and the
@@ -114,7 +117,7 @@ test: lint deps k8s-bins grafana
 k8s-bins: venv
 	$(PY) -m e2e.cluster build
 
-cluster-up: venv
+cluster-up: venv deps
 	$(PY) -m e2e.cluster up
 
 cluster-down:

@@ -1,10 +1,12 @@
-"""Load routed the way a Service routes it: each request to a random Ready Pod.
+"""The endpoint-aware client: each request to a random Ready Pod, chosen when it is sent.
 
-There is no kube-proxy in the local cluster, so the client is the load balancer: a thread lists
-the namespace's Pods a few times a second and keeps the Ready ones, and every request goes to
-one of those chosen when it is sent. A Pod whose readiness gate goes False stops getting new
-requests within one poll, as it would leave a Service's endpoints. Used by the operator e2e
-tests and the switch-cost benchmark.
+A Service (kube-proxy) routes connections, and clients that keep theirs (HTTP keep-alive, gRPC
+channels) stay on the Pod they reached first (`e2e.clients`). A service mesh, a gRPC xDS client or
+a headless Service with client-side balancing routes each request instead. This is that client:
+a thread lists the namespace's Pods a few times a second and keeps the Ready ones, and every
+request goes to one of those. A Pod whose readiness gate goes False stops getting new requests
+within one poll. The thread also records each Pod's gate history, which tests read. Used by the
+operator e2e tests and the benchmarks.
 """
 
 import asyncio

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from e2e import fleet, kubes, namespaces, operators, waiting
-from e2e.cluster import building, controlplane, locations
+from e2e.cluster import building, controlplane, locations, podnetwork
 
 ALLOWED_CONTEXTS = ("batchpilot-e2e", "kind-batchpilot")
 
@@ -129,6 +129,14 @@ def local_cluster(kube: kubes.Kube) -> controlplane.Cluster:
     if kube.local is None:
         pytest.skip("needs the local cluster (its pod runner); KUBECONFIG points elsewhere")
     return kube.local
+
+
+@pytest.fixture
+def client_host(local_cluster: controlplane.Cluster) -> Iterator[podnetwork.Host]:
+    """A network namespace of its own for clients that go through Services (kube-proxy routes
+    what enters the host from it), removed at teardown; only on the local cluster."""
+    with podnetwork.client_host(routes=controlplane.HOST_ROUTES) as host:
+        yield host
 
 
 @pytest.fixture

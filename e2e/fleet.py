@@ -48,8 +48,15 @@ def sidecar_url(ip: str) -> str:
 
 
 def triton_pod(
-    name: str, *, labels: dict[str, str], gated: bool, models: Sequence[str] = (MODEL,)
+    name: str,
+    *,
+    labels: dict[str, str],
+    gated: bool,
+    models: Sequence[str] = (MODEL,),
+    grpc_max_connection_age_ms: int | None = None,
 ) -> client.V1Pod:
+    """A Triton Pod; `grpc_max_connection_age_ms` asks the local pod runner to run Triton with
+    `--grpc-max-connection-age` (ignored on kind)."""
     triton = client.V1Container(
         name="triton",
         image=os.environ.get(TRITON_IMAGE_ENV, UNPULLED_TRITON),
@@ -57,6 +64,7 @@ def triton_pod(
         args=[argument for model in models for argument in ("--model", model)],
         ports=[
             client.V1ContainerPort(name="http", container_port=endpoints.TRITON_HTTP_PORT),
+            client.V1ContainerPort(name="grpc", container_port=endpoints.TRITON_GRPC_PORT),
             client.V1ContainerPort(name="metrics", container_port=endpoints.TRITON_METRICS_PORT),
         ],
     )
@@ -79,6 +87,11 @@ def triton_pod(
             annotations={
                 podrunner.RUNTIME_ANNOTATION: "triton",
                 podrunner.MODELS_ANNOTATION: ",".join(models),
+                **(
+                    {}
+                    if grpc_max_connection_age_ms is None
+                    else {podrunner.GRPC_AGE_ANNOTATION: str(grpc_max_connection_age_ms)}
+                ),
             },
         ),
         spec=client.V1PodSpec(
@@ -87,6 +100,44 @@ def triton_pod(
             termination_grace_period_seconds=5,
         ),
     )
+
+
+def create_service(
+    kube: Kube, namespace: str, *, selector: dict[str, str], name: str = "triton"
+) -> str:
+    """A ClusterIP Service for Triton's HTTP and gRPC ports on the Pods `selector` picks; its
+    cluster IP. Its endpoints are the Ready Pods (kube-controller-manager), and kube-proxy routes
+    new connections to them."""
+    service = client.V1Service(
+        metadata=client.V1ObjectMeta(name=name),
+        spec=client.V1ServiceSpec(
+            selector=selector,
+            ports=[
+                client.V1ServicePort(name=port, port=number, target_port=port, protocol="TCP")
+                for port, number in (
+                    ("http", endpoints.TRITON_HTTP_PORT),
+                    ("grpc", endpoints.TRITON_GRPC_PORT),
+                )
+            ],
+        ),
+    )
+    created = kube.core.create_namespaced_service(namespace, service)
+    assert created.spec is not None
+    return str(created.spec.cluster_ip)
+
+
+def ready_endpoints(kube: Kube, namespace: str, service: str) -> set[str]:
+    """The addresses a Service's EndpointSlices list as ready."""
+    slices = client.DiscoveryV1Api(kube.api_client).list_namespaced_endpoint_slice(
+        namespace, label_selector=f"kubernetes.io/service-name={service}"
+    )
+    return {
+        address
+        for endpoint_slice in slices.items
+        for endpoint in endpoint_slice.endpoints or []
+        if endpoint.conditions is not None and endpoint.conditions.ready
+        for address in endpoint.addresses
+    }
 
 
 def http_json(url: str, *, timeout: float = 2.0) -> Any:
@@ -118,12 +169,16 @@ def start_tritons(
     gated: bool = False,
     labels: dict[str, str] | None = None,
     prefix: str = "triton",
+    grpc_max_connection_age_ms: int | None = None,
 ) -> dict[str, str]:
     """Create `count` Triton Pods and wait until each serves; their IPs by name."""
     labels = labels or {"app": "triton"}
     names = [f"{prefix}-{index}" for index in range(count)]
     for name in names:
-        kube.core.create_namespaced_pod(namespace, triton_pod(name, labels=labels, gated=gated))
+        pod = triton_pod(
+            name, labels=labels, gated=gated, grpc_max_connection_age_ms=grpc_max_connection_age_ms
+        )
+        kube.core.create_namespaced_pod(namespace, pod)
 
     def all_serving() -> dict[str, str] | None:
         ips: dict[str, str] = {}

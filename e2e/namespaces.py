@@ -3,8 +3,8 @@
 A new namespace takes no Pods until the controller manager has made its default service account,
 so it is handed out only after that. Deleting it is not the end on the local cluster: kwok hands a
 freed pod IP to the next pod at once, so the clean-up waits until the pod runner has stopped the
-namespace's processes and released their addresses, or the next user of an IP could reach a
-server that is still shutting down on it.
+namespace's processes and removed their network namespaces, or the next user of an IP could reach
+a server that is still shutting down on it.
 """
 
 import contextlib
@@ -61,9 +61,8 @@ def created(
         with contextlib.suppress(kubernetes.client.ApiException):
             kube.core.delete_namespace(name)
         if kube.local is not None and pod_ips:
-            cidrs = kube.local.pod_cidrs
             waiting.wait_for(
                 f"the pod IPs of {name} released",
-                lambda: not pod_ips & set(podnetwork.addresses_in(cidrs)),
+                lambda: not pod_ips & {host.ip for host in podnetwork.hosts()},
                 timeout=release_timeout,
             )

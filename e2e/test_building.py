@@ -51,6 +51,22 @@ def test_product_binaries_are_named_after_their_commands() -> None:
     assert sorted(names) == sorted(building.ALL_BINARIES)
 
 
+def test_a_cache_without_a_new_command_builds_that_command_alone(tmp_path: Path) -> None:
+    (kubernetes,) = [p for p in building.products(KUBERNETES_GO_MOD) if p.name == "kubernetes"]
+    before_kube_proxy = [name for name in building.KUBERNETES_COMMANDS if name != "kube-proxy"]
+    for name in before_kube_proxy:
+        (tmp_path / name).write_text("")
+    stamps = dict.fromkeys(before_kube_proxy, kubernetes.source)
+    stale = building.stale_binaries(kubernetes, bin_dir=tmp_path, stamps=stamps)
+    assert stale == ["kube-proxy"]
+    assert building.narrowed(kubernetes, stale).packages == ("k8s.io/kubernetes/cmd/kube-proxy",)
+    stamps["kubectl"] = "k8s.io/kubernetes@v0.0.1"  # built from another release
+    assert building.stale_binaries(kubernetes, bin_dir=tmp_path, stamps=stamps) == [
+        "kube-proxy",
+        "kubectl",
+    ]
+
+
 def test_grafana_is_built_from_the_commit_its_pseudo_version_names() -> None:
     assert grafana_building.commit_of(versions.GRAFANA) == versions.GRAFANA[-12:]
     assert grafana_building.commit_of("v0.0.0-20250220163425-b4c4b9abbdc8") == "b4c4b9abbdc8"

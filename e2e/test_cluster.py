@@ -2,16 +2,23 @@
 
 import ipaddress
 import json
+import os
+import subprocess
+import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 from kubernetes import client
 
 from batchpilot.kube import pods
-from e2e import fleet, waiting
-from e2e.cluster import controlplane, podnetwork, podrunner
+from batchpilot_triton import endpoints
+from e2e import clients, fleet, operators, waiting
+from e2e.cluster import controlplane, podnetwork, podrunner, processes
 from e2e.kubes import Kube
 
 pytestmark = pytest.mark.e2e
@@ -56,6 +63,11 @@ def pod_ip(pod: client.V1Pod) -> str:
     return pod.status.pod_ip
 
 
+def set_gate(kube: Kube, namespace: str, pod: str, status: str) -> None:
+    body = {"status": {"conditions": [{"type": pods.GATE, "status": status}]}}
+    kube.core.patch_namespaced_pod_status(pod, namespace, body)
+
+
 def http_get(url: str) -> str | None:
     try:
         with urllib.request.urlopen(url, timeout=2) as response:
@@ -64,12 +76,17 @@ def http_get(url: str) -> str | None:
         return None
 
 
-def listening(ip: str, port: int) -> bool:
-    """Whether a local socket listens on ip:port (a TCP probe cannot tell: this machine's
-    network may answer for any address that is not local)."""
-    wanted = f"{int(ipaddress.IPv4Address(ip)).to_bytes(4, 'big')[::-1].hex().upper()}:{port:04X}"
-    rows = Path("/proc/net/tcp").read_text().splitlines()[1:]
-    return any(row.split()[1] == wanted and row.split()[3] == "0A" for row in rows)
+def listening(host: podnetwork.Host, port: int) -> bool:
+    """Whether a socket listens on `port` in the host's network namespace (on any address, as
+    a container's server does)."""
+    shown = subprocess.run(
+        ["ip", "netns", "exec", host.netns, "cat", "/proc/net/tcp"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    rows = shown.splitlines()[1:]
+    return any(row.split()[1].endswith(f":{port:04X}") and row.split()[3] == "0A" for row in rows)
 
 
 @pytest.mark.timeout(30)
@@ -112,16 +129,12 @@ def test_readiness_gate_holds_ready_until_its_condition_is_true(kube: Kube, name
     assert condition(pod.status, pods.GATE) is None  # kwok's own stages would have faked it True
     assert condition(pod.status, "Ready") == "False"
 
-    def set_gate(status: str) -> None:
-        body = {"status": {"conditions": [{"type": pods.GATE, "status": status}]}}
-        kube.core.patch_namespaced_pod_status("gated", namespace, body)
-
     def ready_is(expected: str) -> bool:
         return fleet.pod_condition(kube, namespace, "gated", "Ready") == expected
 
-    set_gate("True")
+    set_gate(kube, namespace, "gated", "True")
     waiting.wait_for("Ready=True after the gate passed", lambda: ready_is("True"), timeout=15)
-    set_gate("False")
+    set_gate(kube, namespace, "gated", "False")
     waiting.wait_for("Ready=False after the gate failed", lambda: ready_is("False"), timeout=15)
 
 
@@ -145,11 +158,12 @@ def test_http_echo_pod_answers_on_its_pod_ip_until_deleted(
     assert not address.is_loopback
     assert any(address in ipaddress.ip_network(cidr) for cidr in local_cluster.pod_cidrs)
 
-    assert ip in podnetwork.addresses_in(local_cluster.pod_cidrs)
+    host = podnetwork.Host(ip=ip)
     url = f"http://{ip}:{podrunner.ECHO_PORT}/"
     body = waiting.wait_for("an answer from the pod", lambda: http_get(url))
     assert body.strip() == f"{namespace}/echo"
-    assert listening(ip, podrunner.ECHO_PORT)
+    assert host in podnetwork.hosts()
+    assert listening(host, podrunner.ECHO_PORT)
 
     kube.core.delete_namespaced_pod("echo", namespace)
 
@@ -162,14 +176,9 @@ def test_http_echo_pod_answers_on_its_pod_ip_until_deleted(
 
     waiting.wait_for("the pod to be deleted", pod_gone)
     waiting.wait_for(
-        "the process to stop", lambda: not listening(ip, podrunner.ECHO_PORT), timeout=15
+        "the namespace to be removed", lambda: host not in podnetwork.hosts(), timeout=15
     )
     assert http_get(url) is None
-    waiting.wait_for(
-        "the address to leave lo",
-        lambda: ip not in podnetwork.addresses_in(local_cluster.pod_cidrs),
-        timeout=15,
-    )
 
 
 @pytest.mark.timeout(60)
@@ -186,7 +195,7 @@ def test_pod_asking_for_an_unknown_runtime_gets_a_warning_and_nothing_runs(
 
     (event,) = waiting.wait_for("an E2ERejected event", warnings)
     assert "unknown runtime" in (event.message or "")
-    assert ip not in podnetwork.addresses_in(local_cluster.pod_cidrs)
+    assert podnetwork.Host(ip=ip) not in podnetwork.hosts()
 
 
 @pytest.mark.timeout(120)
@@ -212,3 +221,212 @@ def test_triton_pod_is_running_and_answers_inference_on_its_pod_ip(
     (output,) = answer["outputs"]
     assert output["shape"] == [2, 16]
     assert output["data"][0] == pytest.approx(0.4621, abs=1e-3)  # tanh(0.5)
+
+
+@pytest.mark.timeout(120)
+def test_triton_pod_can_ask_for_a_grpc_max_connection_age(
+    kube: Kube, local_cluster: controlplane.Cluster, namespace: str
+) -> None:
+    """The annotation reaches tritonserver's flags, and a gRPC client keeps being served across
+    the connections the server ends."""
+    ips = fleet.start_tritons(kube, namespace, 1, grpc_max_connection_age_ms=500)
+    (ip,) = ips.values()
+    (server,) = [
+        pid
+        for pid in podnetwork.pids(podnetwork.Host(ip=ip))
+        if Path(f"/proc/{pid}/exe").resolve().name == "tritonserver"
+    ]
+    flags = Path(f"/proc/{server}/cmdline").read_bytes().split(b"\0")
+    assert b"--grpc-max-connection-age=500" in flags
+    triton = grpcclient.InferenceServerClient(f"{ip}:{endpoints.TRITON_GRPC_PORT}")
+    item = grpcclient.InferInput("INPUT", [1, 16], "FP32")
+    item.set_data_from_numpy(np.full((1, 16), 0.5, dtype=np.float32))
+    answered = 0
+    until = time.monotonic() + 2.5  # five connection ages
+    while time.monotonic() < until:
+        result = triton.infer(fleet.MODEL, [item], client_timeout=10)
+        assert result.as_numpy("OUTPUT") is not None
+        answered += 1
+        time.sleep(0.05)
+    triton.close()
+    assert answered > 20
+
+
+@pytest.mark.timeout(120)
+def test_service_routes_new_connections_to_ready_pods_only_and_follows_the_gate(
+    kube: Kube, namespace: str, client_host: podnetwork.Host
+) -> None:
+    """Through kube-proxy, from a client namespace: no Ready Pod, no answer; then only the
+    Pods whose readiness gate is True answer, and a Pod whose gate goes False stops answering."""
+    annotations = {podrunner.RUNTIME_ANNOTATION: "http-echo"}
+    names = ("echo-0", "echo-1")
+    for name in names:
+        manifest = pod_manifest(name, annotations=annotations, gates=(pods.GATE,))
+        assert manifest.metadata is not None
+        manifest.metadata.labels = {"app": "echo"}
+        kube.core.create_namespaced_pod(namespace, manifest)
+    urls = [f"http://{pod_ip(running_pod(kube, namespace, name))}:8000/" for name in names]
+    waiting.wait_for("the echo Pods serving", lambda: all(http_get(url) for url in urls))
+    service = client.V1Service(
+        metadata=client.V1ObjectMeta(name="echo"),
+        spec=client.V1ServiceSpec(
+            selector={"app": "echo"},
+            ports=[client.V1ServicePort(port=80, target_port=podrunner.ECHO_PORT)],
+        ),
+    )
+    created = kube.core.create_namespaced_service(namespace, service)
+    assert created.spec is not None
+    url = f"http://{created.spec.cluster_ip}/"
+
+    def answered_by(*expected: str, count: int = 12) -> bool:
+        answers = set(clients.probe(client_host, url, count=count))
+        return answers == {f"{namespace}/{name}" for name in expected}
+
+    time.sleep(2)  # kube-proxy has long had the Service; its endpoints are all unready
+    assert set(clients.probe(client_host, url, count=4)) == {"error: URLError"}
+    set_gate(kube, namespace, "echo-0", "True")
+    waiting.wait_for("only echo-0 answering", lambda: answered_by("echo-0"), timeout=20)
+    set_gate(kube, namespace, "echo-1", "True")
+    waiting.wait_for("both answering", lambda: answered_by(*names, count=30), timeout=20)
+    gate_closed = time.monotonic()
+    set_gate(kube, namespace, "echo-0", "False")
+    waiting.wait_for(
+        "only echo-1 answering", lambda: answered_by("echo-1"), timeout=20, interval=0.05
+    )
+    print(f"\nthe Service stopped routing to echo-0 {time.monotonic() - gate_closed:.2f}s after")
+    assert answered_by("echo-1", count=30)
+
+
+def _tcp_peers(pid: int) -> set[str]:
+    """The remote addresses of the process's TCP connections (in its network namespace)."""
+    try:
+        inodes = {
+            os.readlink(link).removeprefix("socket:[").removesuffix("]")
+            for link in Path(f"/proc/{pid}/fd").iterdir()
+            if os.readlink(link).startswith("socket:[")
+        }
+        tables = [Path(f"/proc/{pid}/net/{name}").read_text() for name in ("tcp", "tcp6")]
+    except OSError:  # it ended meanwhile
+        return set()
+    peers = set()
+    for row in (line.split() for table in tables for line in table.splitlines()[1:]):
+        remote, state, inode = row[2], row[3], row[9]
+        if inode in inodes and state != "0A":  # not a listening socket
+            peers.add(str(_proc_address(remote.split(":")[0])))
+    return peers
+
+
+def _proc_address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """An address as /proc/net/tcp{,6} writes it: 32-bit words in host (little-endian) order."""
+    raw = bytes.fromhex(text)
+    swapped = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    if len(swapped) == 4:
+        return ipaddress.IPv4Address(swapped)
+    address = ipaddress.IPv6Address(swapped)
+    return address.ipv4_mapped or address
+
+
+@pytest.mark.timeout(180)
+def test_pods_have_namespaces_of_their_own_and_traffic_stays_among_the_run_s_hosts(
+    kube: Kube,
+    local_cluster: controlplane.Cluster,
+    namespace: str,
+    client_host: podnetwork.Host,
+    start_operator: Callable[..., operators.OperatorProcess],
+) -> None:
+    """No Pod address on the host's lo or any host interface; each Pod IP on the eth0 of a
+    namespace of the run, routed through a veth of the run; no default route in any namespace;
+    and every TCP connection of the run's processes (control plane, pod runner, Pods, the
+    operator, a client through a Service, this test) goes to loopback, the gateway, a namespace
+    of the run or a Service IP."""
+    ips = fleet.start_tritons(kube, namespace, 2)
+    service_ip = fleet.create_service(kube, namespace, selector={"app": "triton"})
+    waiting.wait_for(
+        "the Pods behind the Service",
+        lambda: fleet.ready_endpoints(kube, namespace, "triton") == set(ips.values()),
+    )
+    operator = start_operator(interval=1.0)
+    policy = {
+        "apiVersion": "batchpilot.dev/v1alpha1",
+        "kind": "BatchPolicy",
+        "metadata": {"name": "fleet"},
+        "spec": {
+            "target": {"selector": {"matchLabels": {"app": "triton"}}, "models": [fleet.MODEL]},
+            "profiles": fleet.PROFILES,
+            "defaultProfile": "bulk",
+        },
+    }
+    operators.apply_policy(kube, namespace, policy)
+    peers: set[str] = set()
+    address = f"{service_ip}:{endpoints.TRITON_HTTP_PORT}"
+    with clients.ClientProcess(client_host, style="keep-alive", address=address, rate=50) as load:
+        load.start()
+        waiting.wait_for("bulk everywhere", fleet.everyone_serves(ips, "bulk"), timeout=60)
+        for _ in range(6):
+            run = set(processes.owned_pids(local_cluster.state_dir))
+            run |= {pid for host in podnetwork.hosts() for pid in podnetwork.pids(host)}
+            run |= {os.getpid(), operator.process.pid}
+            for pid in run:
+                peers |= _tcp_peers(pid)
+            time.sleep(0.5)
+        records = load.stop()
+    assert records
+    assert all(record.succeeded for record in records)
+
+    pod_network = ipaddress.ip_network(controlplane.HOST_ROUTES[0])
+    service_range = ipaddress.ip_network(controlplane.HOST_ROUTES[1])
+    shown = json.loads(subprocess.run(["ip", "-json", "addr"], capture_output=True,
+                                      check=True).stdout)  # fmt: skip
+    for link in shown:
+        for info in link.get("addr_info", []):
+            address_on_host = ipaddress.ip_address(info["local"])
+            if link["ifname"] == "lo":
+                assert address_on_host.is_loopback, f"{address_on_host} on the host's lo"
+            assert address_on_host not in pod_network, f"{address_on_host} on {link['ifname']}"
+            assert address_on_host not in service_range
+
+    ours = {host.ip: host for host in podnetwork.hosts()}
+    assert set(ips.values()) <= set(ours)
+    assert client_host.ip in ours
+    for host in ours.values():
+        inside = json.loads(subprocess.run(["ip", "-n", host.netns, "-json", "addr"],
+                                           capture_output=True, check=True).stdout)  # fmt: skip
+        held = {(link["ifname"], info["local"]) for link in inside for info in link["addr_info"]}
+        assert {a for a in held if a[0] == "eth0" and "." in a[1]} == {("eth0", host.ip)}
+        routes = json.loads(subprocess.run(["ip", "-n", host.netns, "-4", "-json", "route"],
+                                           capture_output=True, check=True).stdout)  # fmt: skip
+        # The gateway on the link, and the run's networks through it: no default route.
+        assert {route["dst"] for route in routes} == {
+            podnetwork.GATEWAY,
+            *controlplane.HOST_ROUTES,
+        }, routes
+        assert all(
+            route.get("gateway") == podnetwork.GATEWAY
+            for route in routes
+            if route["dst"] != podnetwork.GATEWAY
+        )
+
+    host_routes = json.loads(subprocess.run(["ip", "-4", "-json", "route"], capture_output=True,
+                                            check=True).stdout)  # fmt: skip
+    for route in host_routes:
+        destination = route["dst"]
+        if destination == "default" or route.get("type") == "unreachable":
+            continue
+        network = ipaddress.ip_network(destination)
+        assert not network.overlaps(service_range), route
+        if network.overlaps(pod_network):  # a Pod's or a client's, through its own veth
+            assert destination in ours, route
+            assert route["dev"] == ours[destination].link, route
+
+    allowed = {podnetwork.GATEWAY, *ours}
+    strangers = {
+        peer
+        for peer in peers
+        if not ipaddress.ip_address(peer).is_loopback
+        and peer not in allowed
+        and ipaddress.ip_address(peer) not in service_range
+    }
+    print(f"\nTCP peers of the run: {sorted(peers)}")
+    assert not strangers, f"connections to {strangers}"
+    assert service_ip in peers, "the client's connections through the Service were not seen"
+    assert set(ips.values()) <= peers, "the operator's connections to the Pods were not seen"

@@ -8,16 +8,20 @@ import asyncio
 import contextlib
 import copy
 import datetime
-import subprocess
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from batchpilot_harness import loadgen
-from e2e import balancing, fleet, operators, waiting
+from batchpilot_triton import endpoints
+from e2e import balancing, clients, fleet, operators, waiting
+from e2e.cluster import podnetwork
 from e2e.kubes import Kube
 from e2e.operators import OperatorProcess
 
@@ -282,10 +286,12 @@ def test_restarted_triton_behind_a_pod_is_reapplied(
 
     victim = ips["triton-0"]
     # The tritonserver itself dies, as a crash would; the pod runner starts it again.
-    killed = subprocess.run(
-        ["pkill", "-KILL", "-f", "--", f"tritonserver .*--http-address={victim} "], check=False
-    )
-    assert killed.returncode == 0, "no tritonserver process found for the pod"
+    (server,) = [
+        pid
+        for pid in podnetwork.pids(podnetwork.Host(ip=victim))
+        if Path(f"/proc/{pid}/exe").resolve().name == "tritonserver"
+    ]
+    os.kill(server, signal.SIGKILL)
     waiting.wait_for("the server gone", lambda: not fleet.triton_ready(victim), timeout=15)
     # The pod runner starts Triton again with its repository configuration; the operator
     # must notice and bring it back to bulk.
@@ -339,44 +345,114 @@ def test_operator_killed_mid_rollout_converges_after_restart(
     )
 
 
-@pytest.mark.timeout(150)
-def test_readiness_gate_switch_under_load_fails_no_request(
-    kube: Kube, namespace: str, start_operator: StartOperator
-) -> None:
+def _switch_under_load(
+    kube: Kube,
+    namespace: str,
+    ips: dict[str, str],
+    load: clients.ClientProcess,
+    spec: dict[str, Any],
+    *,
+    seconds: float,
+) -> tuple[list[loadgen.RequestRecord], float]:
+    """Load for `seconds`, the switch to interactive 4 s into it; the records and how long the
+    rollout took from the decision until every Pod served interactive."""
+    with load:
+        load.start()
+        time.sleep(4)
+        operators.apply_policy(kube, namespace, policy(**spec, override={"profile": "interactive"}))
+        decided = time.monotonic()
+        waiting.wait_for(
+            "interactive everywhere",
+            fleet.everyone_serves(ips, "interactive"),
+            timeout=seconds,
+            interval=0.1,
+        )
+        rollout = time.monotonic() - decided
+        time.sleep(max(load.origin + seconds - time.monotonic(), 0.0))
+        return load.stop(), rollout
+
+
+def _gated_fleet_behind_a_service(
+    kube: Kube, namespace: str, start_operator: StartOperator, spec: dict[str, Any]
+) -> tuple[dict[str, str], str]:
     ips = fleet.start_tritons(kube, namespace, 2, gated=True)
+    service_ip = fleet.create_service(kube, namespace, selector={"app": "triton"})
     start_operator(interval=2.0)
-    spec: dict[str, Any] = {"rollout": {"maxUnavailable": 1, "drainTimeoutSeconds": 10}}
     operators.apply_policy(kube, namespace, policy(**spec))
     waiting.wait_for("bulk everywhere", fleet.everyone_serves(ips, "bulk"), timeout=60)
     waiting.wait_for(
-        "both pods Ready",
-        lambda: all(fleet.pod_condition(kube, namespace, p, "Ready") == "True" for p in ips),
+        "both Pods behind the Service",
+        lambda: fleet.ready_endpoints(kube, namespace, "triton") == set(ips.values()),
         timeout=20,
     )
-    with balancing.ReadyBalancer(kube, namespace, ips) as balancer:
+    return ips, service_ip
 
-        async def load_and_switch() -> list[loadgen.RequestRecord]:
-            driving = asyncio.create_task(balancer.drive([loadgen.Phase(rate=150, seconds=25)]))
-            await asyncio.sleep(4)
-            operators.apply_policy(
-                kube, namespace, policy(**spec, override={"profile": "interactive"})
-            )
-            return await driving
 
-        records = asyncio.run(load_and_switch())
-        waiting.wait_for(
-            "interactive everywhere", fleet.everyone_serves(ips, "interactive"), timeout=30
-        )
-    sent = sum(record.sent is not None for record in records)
+@pytest.mark.timeout(150)
+def test_readiness_gate_switch_through_a_service_fails_no_request(
+    kube: Kube, namespace: str, start_operator: StartOperator, client_host: podnetwork.Host
+) -> None:
+    """New connections through kube-proxy follow the gate: each drained Pod stops receiving
+    requests, so no request waits for a reload and the drains are effective."""
+    spec: dict[str, Any] = {"rollout": {"maxUnavailable": 1, "drainTimeoutSeconds": 10}}
+    ips, service_ip = _gated_fleet_behind_a_service(kube, namespace, start_operator, spec)
+    load = clients.ClientProcess(
+        client_host,
+        style="new-connection",
+        address=f"{service_ip}:{endpoints.TRITON_HTTP_PORT}",
+        rate=150,
+        seed=0,
+    )
+    with balancing.ReadyBalancer(kube, namespace, ips) as watcher:
+        records, rollout = _switch_under_load(kube, namespace, ips, load, spec, seconds=25)
     failures = [record for record in records if not record.succeeded]
     failed, examples = len(failures), [record.error for record in failures[:5]]
-    print(f"\n{sent} requests through the switch, {failed} failed; gates: {balancer.gate_history}")
-    assert sent > 1000
+    slowest = max(record.latency or 0.0 for record in records)
+    print(
+        f"\n{len(records)} requests through the Service, {failed} failed, slowest "
+        f"{slowest * 1000:.0f} ms; rollout {rollout:.1f} s; gates: {watcher.gate_history}"
+    )
+    assert len(records) > 1000
     assert failed == 0, examples
-    for pod, history in balancer.gate_history.items():
+    for pod, history in watcher.gate_history.items():
         assert "False" in history, f"{pod}: the gate never went False"
         assert history[-1] == "True", f"{pod}: the gate did not come back"
-        assert history.index("False") < len(history) - 1
+    drains = operators.condition(status_of(kube, namespace), "DrainIneffective")
+    assert drains["status"] == "False", drains
+    assert not operators.events(kube, namespace, "DrainIneffective")
+    assert slowest < 0.5, "a request waited for a reload"
+
+
+@pytest.mark.timeout(180)
+def test_keep_alive_clients_make_the_drain_ineffective_and_it_is_said_and_bounded(
+    kube: Kube, namespace: str, start_operator: StartOperator, client_host: podnetwork.Host
+) -> None:
+    """tritonclient.http keeps its connections to the Pods they reached first: a drained Pod
+    keeps receiving requests. The operator says so (an event naming the Pod, a condition) and
+    reloads once rollout.drainTimeoutSeconds has passed."""
+    drain_timeout = 5
+    spec: dict[str, Any] = {"rollout": {"maxUnavailable": 1, "drainTimeoutSeconds": drain_timeout}}
+    ips, service_ip = _gated_fleet_behind_a_service(kube, namespace, start_operator, spec)
+    load = clients.ClientProcess(
+        client_host,
+        style="keep-alive",
+        address=f"{service_ip}:{endpoints.TRITON_HTTP_PORT}",
+        rate=100,
+        seed=1,
+    )
+    records, rollout = _switch_under_load(kube, namespace, ips, load, spec, seconds=30)
+    failed = sum(not record.succeeded for record in records)
+    warnings = operators.events(kube, namespace, "DrainIneffective")
+    print(f"\n{len(records)} requests, {failed} failed; rollout {rollout:.1f} s; {warnings}")
+    assert warnings, "no DrainIneffective event"
+    assert all("kept receiving requests after it left its Services" in w for w in warnings)
+    assert {pod for pod in ips if any(f"pod {pod} " in w for w in warnings)}, warnings
+    condition = operators.condition(status_of(kube, namespace), "DrainIneffective")
+    assert condition["status"] == "True", condition
+    assert condition["reason"] == "RequestsKeptArriving"
+    # Each replica: the drain timeout, then a reload (well under 3 s for gpu_sim here).
+    assert rollout <= len(ips) * (drain_timeout + 3), "a drain outlived its timeout"
+    assert failed == 0
 
 
 @pytest.mark.timeout(90)

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from batchpilot_harness import local_triton
 from e2e.cluster import podrunner
 
 NODES = ("kwok-node-0",)
@@ -71,8 +72,23 @@ def test_pods_that_are_not_ours_or_not_running_are_left_alone(body: dict[str, An
         (pod(status__podIP="127.0.0.1"), "outside the pod CIDRs"),
         (pod(status__podIP="192.0.2.2"), "outside the pod CIDRs"),
         (pod(spec__hostNetwork=True), "hostNetwork"),
+        (pod(annotations={podrunner.GRPC_AGE_ANNOTATION: "1e3"}), "not 100 to 600000"),
+        (pod(annotations={podrunner.GRPC_AGE_ANNOTATION: "50"}), "not 100 to 600000"),
+        (pod(annotations={podrunner.GRPC_AGE_ANNOTATION: "1000 --x"}), "not 100 to 600000"),
     ],
-    ids=["runtime", "flag", "path", "space", "too-many", "loopback", "host-ip", "host-network"],
+    ids=[
+        "runtime",
+        "flag",
+        "path",
+        "space",
+        "too-many",
+        "loopback",
+        "host-ip",
+        "host-network",
+        "age-float",
+        "age-short",
+        "age-flag",
+    ],
 )
 def test_pods_asking_for_anything_else_are_rejected(body: dict[str, Any], reason: str) -> None:
     with pytest.raises(podrunner.RejectedPod, match=reason):
@@ -84,7 +100,8 @@ def test_triton_argv_is_built_from_the_table_with_one_flag_per_model(tmp_path: P
     assert req is not None
     triton, sidecar = podrunner.RUNTIMES["triton"](req, podrunner.Workspace(directory=tmp_path))
     argv = list(triton.argv)
-    assert argv[1:5] == ["-m", "batchpilot_harness.local_triton", "--host", "10.88.0.7"]
+    # In the pod's own network namespace, on every address, as in a container.
+    assert argv[1:5] == ["-m", "batchpilot_harness.local_triton", "--host", "0.0.0.0"]
     assert argv[-4:] == ["--model", "gpu_sim", "--model", "other-1"]
     assert str(podrunner.MODEL_REPOSITORY) in argv
     assert sidecar.container == "batchpilot-sidecar"
@@ -92,9 +109,9 @@ def test_triton_argv_is_built_from_the_table_with_one_flag_per_model(tmp_path: P
         "-m",
         "batchpilot_sidecar",
         "--triton-url",
-        "http://10.88.0.7:8000",
+        "http://127.0.0.1:8000",
         "--listen",
-        "10.88.0.7:9400",
+        "0.0.0.0:9400",
     ]
 
 
@@ -102,6 +119,19 @@ def test_http_echo_serves_the_pod_name_from_its_own_folder(tmp_path: Path) -> No
     req = request(pod(annotations={podrunner.RUNTIME_ANNOTATION: "http-echo"}))
     assert req is not None
     (command,) = podrunner.RUNTIMES["http-echo"](req, podrunner.Workspace(directory=tmp_path))
-    assert "--bind" in command.argv
-    assert "10.88.0.7" in command.argv
+    assert command.argv[command.argv.index("--bind") + 1] == "0.0.0.0"
     assert (tmp_path / "www" / "index.html").read_text() == "ns/p\n"
+
+
+def test_a_grpc_connection_age_runs_triton_with_that_flag(tmp_path: Path) -> None:
+    req = request(pod(annotations={podrunner.GRPC_AGE_ANNOTATION: "1500"}))
+    assert req is not None
+    assert req.grpc_max_connection_age_ms == 1500
+    triton, _ = podrunner.RUNTIMES["triton"](req, podrunner.Workspace(directory=tmp_path))
+    assert triton.argv[1:3] == ("-m", "batchpilot_harness.local_triton")
+    assert triton.argv[-2:] == ("--grpc-max-connection-age-ms", "1500")
+    assert local_triton.grpc_age_arguments(1500) == [
+        "--grpc-max-connection-age=1500",
+        "--grpc-max-connection-age-grace=1500",
+    ]
+    assert local_triton.grpc_age_arguments(None) == []

@@ -5,7 +5,9 @@ pinned release; ``go build`` then fetches and compiles it with the module and bu
 under the same cache root, so a second build (or one for a new patch release) is mostly cache hits.
 Kubernetes itself is not meant to be a dependency: its go.mod points the ``k8s.io/*`` staging
 modules at ``./staging``, so the generated module replaces each with its published ``v0.Y.Z``.
-A stamp file records what every binary was built from; a build with all stamps current does nothing.
+A stamp file records what every binary was built from; a build with all stamps current does nothing,
+and one that finds a binary missing or stamped with another source builds that binary alone (a
+cache from before kube-proxy joined the list gets kube-proxy, and keeps the rest).
 """
 
 import dataclasses
@@ -15,12 +17,18 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from e2e.cluster import locations, versions
 
-KUBERNETES_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+KUBERNETES_COMMANDS = (
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kube-proxy",
+    "kubectl",
+)
 ALL_BINARIES = ("etcd", "kwok", "helm", *KUBERNETES_COMMANDS)
 STAMP_NAME = "built.json"
 
@@ -219,11 +227,22 @@ def write_stamps(bin_dir: Path, stamps: Mapping[str, str]) -> None:
     tmp.replace(bin_dir / STAMP_NAME)
 
 
-def is_current(product: Product, *, bin_dir: Path, stamps: Mapping[str, str]) -> bool:
-    return all(
-        stamps.get(binary) == product.source and (bin_dir / binary).is_file()
+def stale_binaries(product: Product, *, bin_dir: Path, stamps: Mapping[str, str]) -> list[str]:
+    """The product's binaries that are missing or were built from another source."""
+    return [
+        binary
         for binary in product.binaries
-    )
+        if stamps.get(binary) != product.source or not (bin_dir / binary).is_file()
+    ]
+
+
+def narrowed(product: Product, binaries: Sequence[str]) -> Product:
+    """The product with only the packages of these binaries: a cache built before a command
+    joined the list (kube-proxy) builds that command alone. A generated main builds whole."""
+    if product.main_go:
+        return product
+    wanted = [package for package in product.packages if package.rsplit("/", 1)[-1] in binaries]
+    return dataclasses.replace(product, packages=tuple(wanted))
 
 
 def build_product(product: Product, *, bin_dir: Path, go: str, env: Mapping[str, str]) -> None:
@@ -266,15 +285,20 @@ def build(*, force: bool = False) -> BuildReport:
 
     built: list[str] = []
     for product in products(kubernetes_go_mod):
-        if not force and is_current(product, bin_dir=bin_dir, stamps=stamps):
+        if force:
+            stale = list(product.binaries)
+        else:
+            stale = stale_binaries(product, bin_dir=bin_dir, stamps=stamps)
+        if not stale:
             continue
         if product.module != "k8s.io/kubernetes":
             upstream = downloaded_go_mod(product.module, product.version, env=env)
             check_go_directive(upstream, what=product.source)
-        build_product(product, bin_dir=bin_dir, go=go, env=env)
-        stamps.update(dict.fromkeys(product.binaries, product.source))
+        wanted = narrowed(product, stale)
+        build_product(wanted, bin_dir=bin_dir, go=go, env=env)
+        stamps.update(dict.fromkeys(wanted.binaries, wanted.source))
         write_stamps(bin_dir, stamps)
-        built.extend(product.binaries)
+        built.extend(wanted.binaries)
     return BuildReport(bin_dir=bin_dir, built=tuple(built), seconds=time.monotonic() - started)
 
 

@@ -2,10 +2,11 @@
 
 Everything is generated at ``up`` and deleted at ``down``: one CA signs the API server's serving
 certificate and the client certificates (the admin one in ``system:masters``; the controller
-manager and scheduler under the user names that the bootstrap RBAC policy already grants), and a
-separate key pair signs service-account tokens. A front-proxy CA whose key is thrown away gives
-the API server a request-header CA to publish, which the controller manager and scheduler
-otherwise complain about without end; nobody can sign for it. P-256 keys keep generation instant.
+manager, scheduler and kube-proxy under the user names that the bootstrap RBAC policy already
+grants), and a separate key pair signs service-account tokens. A front-proxy CA whose key is
+thrown away gives the API server a request-header CA to publish, which the controller manager and
+scheduler otherwise complain about without end; nobody can sign for it. P-256 keys keep generation
+instant.
 """
 
 import dataclasses
@@ -34,7 +35,8 @@ class Identity:
 ADMIN = Identity(file_stem="admin", user="batchpilot-e2e-admin", groups=("system:masters",))
 CONTROLLER_MANAGER = Identity(file_stem="controller-manager", user="system:kube-controller-manager")
 SCHEDULER = Identity(file_stem="scheduler", user="system:kube-scheduler")
-CLIENTS = (ADMIN, CONTROLLER_MANAGER, SCHEDULER)
+KUBE_PROXY = Identity(file_stem="kube-proxy", user="system:kube-proxy")
+CLIENTS = (ADMIN, CONTROLLER_MANAGER, SCHEDULER, KUBE_PROXY)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

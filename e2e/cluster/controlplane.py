@@ -2,8 +2,10 @@
 
 ``start`` follows envtest's recipe for a standalone API server and adds what envtest leaves out
 because the operator's e2e tests need it: the controller manager (Deployments make ReplicaSets
-make Pods; namespaces get deleted; service-account tokens and root-CA config maps appear), the
-scheduler, kwok for nodes and pod status, and the pod runner for the pods that must really run.
+make Pods; namespaces get deleted; service-account tokens and root-CA config maps appear;
+EndpointSlices follow Pods' readiness), the scheduler, kwok for nodes and pod status, kube-proxy
+(nftables mode) so that Services route to Ready Pods as in a cluster, and the pod runner for the
+pods that must really run, each in a network namespace of its own (``podnetwork``).
 Everything one run owns sits in its state dir, and ``stop`` needs nothing but that dir, so it also
 cleans up after a run that was killed.
 """
@@ -25,6 +27,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import yaml
+
 from batchpilot_harness import local_triton
 from e2e.cluster import (
     building,
@@ -40,6 +44,8 @@ from e2e.cluster import (
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 POD_NETWORK = ipaddress.ip_network("10.88.0.0/16")  # one /24 per node, like --allocate-node-cidrs
+HOST_ROUTES = (str(POD_NETWORK), SERVICE_CLUSTER_IP_RANGE)
+"""What every network namespace of the run, a Pod's or a client's, routes through the host."""
 MAX_NODES = 255
 NODE_PREFIX = "kwok-node-"
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
@@ -51,6 +57,7 @@ COMPONENTS = (
     "kube-controller-manager",
     "kube-scheduler",
     "kwok",
+    "kube-proxy",
     "podrunner",
 )
 STATE_FILE = "state.json"
@@ -68,6 +75,8 @@ class Ports:
     controller_manager: int
     scheduler: int
     kwok: int
+    kube_proxy_healthz: int
+    kube_proxy_metrics: int
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -226,12 +235,39 @@ def node_manifest(name: str, pod_cidr: str) -> rest.JsonObject:
     }
 
 
+def kube_proxy_config(cluster: Cluster, *, kubeconfig: Path) -> dict[str, Any]:
+    """kube-proxy in nftables mode (its rules in tables of its own, which ``podnetwork.release``
+    removes), serving on loopback, leaving the host's conntrack sysctls and its own OOM score
+    alone. Clients and Pods are all in the pod network, so nothing is masqueraded."""
+    return {
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+        "kind": "KubeProxyConfiguration",
+        "mode": "nftables",
+        "clientConnection": {"kubeconfig": str(kubeconfig)},
+        "hostnameOverride": cluster.nodes[0],
+        "bindAddress": "127.0.0.1",
+        "healthzBindAddress": f"127.0.0.1:{cluster.ports.kube_proxy_healthz}",
+        "metricsBindAddress": f"127.0.0.1:{cluster.ports.kube_proxy_metrics}",
+        "clusterCIDR": str(POD_NETWORK),
+        "detectLocalMode": "ClusterCIDR",
+        # Endpoint changes reach the rules at once: a drain waits for them (settle time).
+        "nftables": {"minSyncPeriod": "0s", "syncPeriod": "30s"},
+        "conntrack": {
+            "maxPerCore": 0,
+            "min": 0,
+            "tcpEstablishedTimeout": "0s",
+            "tcpCloseWaitTimeout": "0s",
+        },
+        "oomScoreAdj": 0,
+    }
+
+
 def is_up(state_dir: Path) -> bool:
     try:
         cluster = Cluster.load(state_dir)
         return cluster.client().text("/readyz").strip() == "ok"
-    except (FileNotFoundError, OSError, rest.ApiError, ValueError, KeyError):
-        return False
+    except (FileNotFoundError, OSError, rest.ApiError, ValueError, KeyError, TypeError):
+        return False  # TypeError: a state dir written by an older version
 
 
 def start(
@@ -398,7 +434,27 @@ def _start_components(cluster: Cluster, startup: _Startup, *, bin_dir: Path) -> 
         lambda: all(_node_ready(admin, name) for name in cluster.nodes),
     )
 
-    podnetwork.claim(str(POD_NETWORK))
+    podnetwork.claim(HOST_ROUTES)
+    proxy_config = state_dir / "kube-proxy.yaml"
+    proxy_config.write_text(
+        yaml.safe_dump(
+            kube_proxy_config(
+                cluster,
+                kubeconfig=clientconfigs.write(
+                    state_dir / "kube-proxy.kubeconfig",
+                    server=cluster.server,
+                    pki=pki,
+                    identity=certificates.KUBE_PROXY,
+                ),
+            )
+        )
+    )
+    startup.start("kube-proxy", [str(bin_dir / "kube-proxy"), f"--config={proxy_config}"])
+    startup.wait(
+        "kube-proxy synced",
+        lambda: _http_ok(f"http://127.0.0.1:{ports.kube_proxy_healthz}/healthz", expect=""),
+    )
+
     ready_marker = state_dir / "podrunner.ready"
     startup.start(
         "podrunner",
@@ -429,15 +485,11 @@ def stop(
     leftovers = processes.sweep(state_dir)
     if leftovers:
         say(f"killed leftover processes {leftovers}")
-    try:
-        pod_cidrs: Sequence[str] = Cluster.load(state_dir).pod_cidrs
-    except (FileNotFoundError, ValueError, KeyError):
-        pod_cidrs = [str(POD_NETWORK)]
     # Leave the pod network alone if another cluster's pod runner holds it.
     if podnetwork.holder() is None:
-        removed = podnetwork.release(str(POD_NETWORK), pod_cidrs)
+        removed = podnetwork.release(HOST_ROUTES)
         if removed:
-            say(f"removed addresses from lo: {', '.join(removed)}")
+            say(f"removed network namespaces: {', '.join(removed)}")
     for entry in state_dir.iterdir():
         if keep_logs and entry.name == "logs":
             continue

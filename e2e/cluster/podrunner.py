@@ -2,14 +2,15 @@
 
 kwok makes pods Running with an IP from their node's podCIDR, but nothing runs in them. The
 operator under test must reach a real Triton at the pod's IP, so this watches pods on the
-cluster's kwok nodes and, for those annotated ``batchpilot.dev/e2e-runtime: <runtime>``, binds the
-pod IP to ``lo`` as a /32 and starts the runtime's processes on it; when the pod is deleted it stops
-them (SIGTERM, then SIGKILL, like a kubelet's grace period) and removes the address.
+cluster's kwok nodes and, for those annotated ``batchpilot.dev/e2e-runtime: <runtime>``, gives the
+pod a network namespace holding its IP (``podnetwork``) and starts the runtime's processes inside
+it, listening on every address as in a container; when the pod is deleted it stops them (SIGTERM,
+then SIGKILL, like a kubelet's grace period) and removes the namespace.
 
 What runs is chosen only from ``RUNTIMES``, a fixed table of argv builders: annotations select a
 row and pass model names, which must match ``MODEL_NAME``; nothing from a pod reaches a shell or
 becomes a command. Pod IPs outside the cluster's pod CIDRs are refused, so a pod cannot make this
-process bind, or later delete, any other address of the host.
+process route, or later delete, any other address of the host.
 
 Not emulated: readiness probes, container restarts in the pod's status, logs through the API.
 """
@@ -34,13 +35,16 @@ from e2e.cluster import controlplane, locations, podnetwork, processes, rest
 
 RUNTIME_ANNOTATION = "batchpilot.dev/e2e-runtime"
 MODELS_ANNOTATION = "batchpilot.dev/e2e-models"
+GRPC_AGE_ANNOTATION = "batchpilot.dev/e2e-grpc-max-connection-age-ms"
+"""Triton ends each gRPC connection after about this long (`local_triton`'s
+`--grpc-max-connection-age-ms`): 100 to 600000."""
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 MAX_MODELS = 8
 STOP_TIMEOUT = 10.0
 WATCH_SECONDS = 5  # also how often exited processes are noticed and restarted
 RESTART_BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0)
 
-# Every pod has its own IP, so its servers listen on fixed ports: Triton and the sidecar on
+# Every pod has its own network, so its servers listen on fixed ports: Triton and the sidecar on
 # their defaults (batchpilot_triton.endpoints), as in the chart; the http-echo stand-in on this.
 ECHO_PORT = 8000
 MODEL_REPOSITORY = locations.REPO_ROOT / "manifests" / "model-repository"
@@ -59,6 +63,7 @@ class PodRequest:
     runtime: str
     models: tuple[str, ...]
     grace_seconds: float
+    grpc_max_connection_age_ms: int | None = None
 
     @property
     def key(self) -> str:
@@ -91,7 +96,7 @@ def http_echo_commands(pod: PodRequest, workspace: Workspace) -> tuple[Command, 
     (www / "index.html").write_text(f"{pod.namespace}/{pod.name}\n")
     argv = (
         sys.executable, "-m", "http.server",
-        "--bind", pod.ip, "--directory", str(www), str(ECHO_PORT),
+        "--bind", endpoints.EVERY_ADDRESS, "--directory", str(www), str(ECHO_PORT),
     )  # fmt: skip
     return (Command(container="main", argv=argv),)
 
@@ -102,7 +107,7 @@ def triton_commands(pod: PodRequest, workspace: Workspace) -> tuple[Command, ...
         "-m",
         "batchpilot_harness.local_triton",
         "--host",
-        pod.ip,
+        endpoints.EVERY_ADDRESS,
         "--http-port",
         str(endpoints.TRITON_HTTP_PORT),
         "--grpc-port",
@@ -114,15 +119,17 @@ def triton_commands(pod: PodRequest, workspace: Workspace) -> tuple[Command, ...
     ]
     for model in pod.models:
         argv += ["--model", model]
+    if pod.grpc_max_connection_age_ms is not None:
+        argv += ["--grpc-max-connection-age-ms", str(pod.grpc_max_connection_age_ms)]
     # The batchpilot sidecar beside it, as in the chart's example Deployment.
     sidecar = (
         sys.executable,
         "-m",
         "batchpilot_sidecar",
         "--triton-url",
-        f"http://{pod.ip}:{endpoints.TRITON_HTTP_PORT}",
+        f"http://127.0.0.1:{endpoints.TRITON_HTTP_PORT}",
         "--listen",
-        f"{pod.ip}:{endpoints.SIDECAR_PORT}",
+        f"{endpoints.EVERY_ADDRESS}:{endpoints.SIDECAR_PORT}",
         # Rates over 5 s rather than 10: the e2e bursts last seconds.
         "--rate-window",
         "5",
@@ -150,6 +157,14 @@ def parse_models(text: str | None) -> tuple[str, ...]:
         if not MODEL_NAME.fullmatch(model):
             raise RejectedPod(f"{MODELS_ANNOTATION}: {model!r} is not a model name")
     return models
+
+
+def parse_grpc_age(text: str | None) -> int | None:
+    if text is None:
+        return None
+    if not text.isdigit() or not 100 <= int(text) <= 600_000:
+        raise RejectedPod(f"{GRPC_AGE_ANNOTATION}: {text!r} is not 100 to 600000 (ms)")
+    return int(text)
 
 
 def pod_request(
@@ -186,6 +201,7 @@ def pod_request(
         runtime=runtime,
         models=parse_models(annotations.get(MODELS_ANNOTATION)),
         grace_seconds=float(spec.get("terminationGracePeriodSeconds", STOP_TIMEOUT)),
+        grpc_max_connection_age_ms=parse_grpc_age(annotations.get(GRPC_AGE_ANNOTATION)),
     )
 
 
@@ -260,7 +276,7 @@ class Runner:
         env["POD_IP"] = pod.ip
         return processes.start(
             name=f"pod-{pod.key}-{command.container}",
-            argv=command.argv,
+            argv=podnetwork.Host(ip=pod.ip).exec_argv(command.argv),
             state_dir=self.cluster.state_dir,
             log_path=self.cluster.logs_dir / "pods" / f"{pod.key}_{command.container}.log",
             env=env,
@@ -271,7 +287,7 @@ class Runner:
         workspace = Workspace(directory=self.cluster.state_dir / "pods" / request.uid)
         workspace.directory.mkdir(parents=True, exist_ok=True)
         commands = RUNTIMES[request.runtime](request, workspace)
-        podnetwork.add_address(request.ip)
+        podnetwork.add_host(request.ip, routes=controlplane.HOST_ROUTES)
         started = [RunningProcess(command=c, process=self.spawn(request, c)) for c in commands]
         self.running[request.uid] = RunningPod(request=request, processes=started)
         pids = ", ".join(f"{p.command.container}={p.process.pid}" for p in started)
@@ -290,7 +306,7 @@ class Runner:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 item.process.wait(timeout=1)
         if not any(r.request.ip == running.request.ip for r in self.running.values()):
-            podnetwork.remove_address(running.request.ip)
+            podnetwork.remove_host(running.request.ip)
         self.log(f"stopped {running.request.key}; released {running.request.ip}")
 
     def check_processes(self) -> None:

@@ -641,6 +641,14 @@ def _parser() -> argparse.ArgumentParser:
         help="run in Triton's default model-control mode, which refuses load/unload requests",
     )
     parser.add_argument("--exit-timeout-secs", type=int, default=2, metavar="SECONDS")
+    parser.add_argument(
+        "--grpc-max-connection-age-ms",
+        type=int,
+        metavar="MS",
+        help="end each gRPC connection (GOAWAY) after about this long, its calls finishing "
+        "first, so gRPC clients reconnect (tritonserver's --grpc-max-connection-age, with a "
+        "grace as long)",
+    )
     parser.add_argument("--ready-timeout", type=float, default=120.0, metavar="SECONDS")
     parser.add_argument(
         "--run-directory",
@@ -650,6 +658,16 @@ def _parser() -> argparse.ArgumentParser:
         "and the log goes to this process's stdout",
     )
     return parser
+
+
+def grpc_age_arguments(milliseconds: int | None) -> list[str]:
+    """tritonserver's flags for a gRPC max connection age (none for None)."""
+    if milliseconds is None:
+        return []
+    return [
+        f"--grpc-max-connection-age={milliseconds}",
+        f"--grpc-max-connection-age-grace={milliseconds}",
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -665,6 +683,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         exit_timeout_seconds=arguments.exit_timeout_secs,
         run_directory=arguments.run_directory,
         log_to_console=arguments.run_directory is None,
+        extra_arguments=grpc_age_arguments(arguments.grpc_max_connection_age_ms),
     )
     signal.signal(signal.SIGTERM, _request_stop)
     signal.signal(signal.SIGINT, _request_stop)

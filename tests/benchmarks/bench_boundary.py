@@ -2,7 +2,8 @@
 
 On the local Kubernetes cluster (`e2e.cluster`), N Pods with the readiness gate serve `gpu_sim`
 and the operator runs as a process, as its ServiceAccount. Open-loop Poisson load goes to the
-Ready Pods only, as a Service would route it (`e2e.balancing.ReadyBalancer`). A policy runs
+Ready Pods only, each request to one chosen when it is due (`e2e.balancing.ReadyBalancer`, the
+endpoint-aware client of the switch benchmark). A policy runs
 `bulk` by default and opens an `interactive` window at a minute boundary; the same Pods meet one
 such boundary per lead time, side by side:
 
