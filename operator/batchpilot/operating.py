@@ -134,10 +134,15 @@ class Controller:
         state = reconciling.PolicyMemory()
         failing = backoffs.Backoff()
         wakeup = self.wakeup(namespace, name)
+        # The status this loop wrote last. kopf's body catches up only when the watch delivers
+        # the write, and a pass poked at once (a Pod turning Ready at the end of a rollout)
+        # would otherwise start from the status before it and write that back.
+        written: Mapping[str, Any] | None = None
         try:
             while not stopped:
                 wakeup.clear()
-                delay = await self._once(namespace, name, body, state, failing)
+                known = written if written is not None else (body.get("status") or {})
+                delay, written = await self._once(namespace, name, body, known, state, failing)
                 sleeper = asyncio.ensure_future(wakeup.wait())
                 waiter = asyncio.ensure_future(stopped.wait())
                 await asyncio.wait(
@@ -155,11 +160,12 @@ class Controller:
         namespace: str,
         name: str,
         body: Mapping[str, Any],
+        status: Mapping[str, Any],
         state: reconciling.PolicyMemory,
         failing: backoffs.Backoff,
-    ) -> float:
-        """One reconcile; the seconds until the next."""
-        status: Mapping[str, Any] = body.get("status") or {}
+    ) -> tuple[float, Mapping[str, Any] | None]:
+        """One reconcile from the policy's latest known status; the seconds until the next, and
+        the status as this pass left it (None if unknown: its write failed)."""
         try:
             outcome = await self.reconciler.reconcile(
                 namespace=namespace,
@@ -173,22 +179,25 @@ class Controller:
             # A bug or an API outage must not end the policy's loop: report, back off, retry.
             delay = failing.failed(time.monotonic())
             logger.exception("%s/%s: reconcile failed; retrying in %gs", namespace, name, delay)
-            return delay
+            return delay, status
         failing.succeeded()
         for event in outcome.events:
             if event.reason in ("ProfileSwitched", "DryRunDecision"):
                 logger.info("%s/%s: %s", namespace, name, event.message)
             self.post(body, event)
+        left: Mapping[str, Any] | None = status
         if _changed(status, outcome.status):
             try:
                 await self.policies.patch_status(namespace, name, outcome.status)
+                left = merge_patch(status, outcome.status)
             except kubernetes.client.ApiException as error:
                 logger.warning("%s/%s: status not written: %s", namespace, name, error.reason)
+                left = None  # read it from the body again
         delay = self.options.interval
         if outcome.wake_at is not None:
             until = (outcome.wake_at - self.clock()).total_seconds()
             delay = min(delay, max(until + TRANSITION_MARGIN_SECONDS, 0.0))
-        return delay
+        return delay, left
 
     def pod_changed(
         self,
@@ -221,6 +230,20 @@ class Controller:
         for policy, selector in index.get(namespace, []):
             if selects(selector, labels):
                 self.poke(namespace, policy)
+
+
+def merge_patch(target: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    """`target` after a JSON merge patch (RFC 7386): objects merge, null deletes, the rest and
+    lists are replaced."""
+    merged = dict(target)
+    for key, value in patch.items():
+        if value is None:
+            merged.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = merge_patch(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
 
 
 def _changed(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
