@@ -398,10 +398,6 @@ class CellReport:
         return self.failed == 0 and ratio_met and self.stalled == 0
 
 
-def _slowest_ms(records: Sequence[loadgen.RequestRecord]) -> float | None:
-    return max((1000 * r.latency for r in records if r.latency is not None), default=None)
-
-
 def _stalled(records: Sequence[loadgen.RequestRecord]) -> int:
     return sum(r.latency is not None and 1000 * r.latency > STALL_MS for r in records)
 
@@ -445,7 +441,7 @@ def analyse(
                 failed=benchmarking.failures(inside),
                 p99_ms=benchmarking.percentiles_ms(inside, (99,))[0],
                 steady_p99_ms=max(known) if known else None,
-                slowest_ms=_slowest_ms(inside),
+                slowest_ms=benchmarking.percentiles_ms(inside, (100,))[0],
                 stalled=_stalled(inside),
             )
         )
