@@ -3,8 +3,9 @@
 A new namespace takes no Pods until the controller manager has made its default service account,
 so it is handed out only after that. Deleting it is not the end on the local cluster: kwok hands a
 freed pod IP to the next pod at once, so the clean-up waits until the pod runner has stopped the
-namespace's processes and removed their network namespaces, or the next user of an IP could reach
-a server that is still shutting down on it.
+processes of the namespace's Pods that it ran and removed their network namespaces, or the next
+user of an IP could reach a server that is still shutting down on it. Pods it never ran (no
+runtime annotation) have no network namespace to wait for.
 """
 
 import contextlib
@@ -14,7 +15,7 @@ from collections.abc import Iterator
 import kubernetes.client
 
 from e2e import waiting
-from e2e.cluster import podnetwork
+from e2e.cluster import podnetwork, podrunner
 from e2e.kubes import Kube
 
 
@@ -29,7 +30,7 @@ def created(
     *,
     label: str,
     ready_timeout: float = 30.0,
-    release_timeout: float = 60.0,
+    release_timeout: float = 30.0,
 ) -> Iterator[str]:
     """The namespace `name`, labelled `label: "1"`, deleted at the end."""
     kube.core.create_namespace(
@@ -56,13 +57,15 @@ def created(
         pod_ips = {
             pod.status.pod_ip
             for pod in kube.core.list_namespaced_pod(name).items
-            if pod.status and pod.status.pod_ip
+            if pod.status
+            and pod.status.pod_ip
+            and podrunner.RUNTIME_ANNOTATION in ((pod.metadata and pod.metadata.annotations) or {})
         }
         with contextlib.suppress(kubernetes.client.ApiException):
             kube.core.delete_namespace(name)
         if kube.local is not None and pod_ips:
             waiting.wait_for(
-                f"the pod IPs of {name} released",
+                f"the pod runner to release {', '.join(sorted(pod_ips))} of {name}",
                 lambda: not pod_ips & {host.ip for host in podnetwork.hosts()},
                 timeout=release_timeout,
             )

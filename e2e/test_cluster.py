@@ -17,7 +17,7 @@ from kubernetes import client
 
 from batchpilot.kube import pods
 from batchpilot_triton import endpoints
-from e2e import clients, fleet, operators, waiting
+from e2e import clients, fleet, namespaces, operators, waiting
 from e2e.cluster import controlplane, podnetwork, podrunner, processes
 from e2e.kubes import Kube
 
@@ -145,6 +145,22 @@ def test_pod_without_gates_becomes_ready(kube: Kube, namespace: str) -> None:
     waiting.wait_for(
         "Ready=True", lambda: fleet.pod_condition(kube, namespace, "plain", "Ready") == "True"
     )
+
+
+@pytest.mark.timeout(60)
+def test_namespace_clean_up_waits_only_for_pods_the_pod_runner_ran(
+    kube: Kube, local_cluster: controlplane.Cluster
+) -> None:
+    name = namespaces.unique("e2e-clean-up")
+    with namespaces.created(kube, name, label="batchpilot.dev/e2e", release_timeout=5):
+        kube.core.create_namespaced_pod(name, pod_manifest("pause"))
+        ip = pod_ip(running_pod(kube, name, "pause"))
+        # A network namespace on its IP that no Pod owns, as a run killed elsewhere leaves one.
+        podnetwork.add_host(ip, routes=())
+    try:
+        assert podnetwork.Host(ip=ip) in podnetwork.hosts()  # the clean-up did not wait for it
+    finally:
+        podnetwork.remove_host(ip)
 
 
 @pytest.mark.timeout(90)

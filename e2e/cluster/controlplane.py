@@ -282,6 +282,11 @@ def start(
     in_use_by = podnetwork.holder()
     if in_use_by is not None:
         raise ClusterError(f"the pod network {POD_NETWORK} is in use by the cluster in {in_use_by}")
+    # A run killed elsewhere (another checkout, its lock gone with it) may have left network
+    # namespaces on IPs kwok is about to hand out again; stopping this state_dir misses those.
+    removed = podnetwork.release(HOST_ROUTES)
+    if removed:
+        say(f"removed network namespaces an earlier run left: {', '.join(removed)}")
     state_dir.mkdir(parents=True)
     cluster = Cluster(
         state_dir=state_dir,
