@@ -62,6 +62,15 @@ def policies_by_namespace(
     return {namespace: (name, dict(spec.get("target", {}).get("selector", {})))}
 
 
+@kopf.on.delete(GROUP, VERSION, PLURAL, id="release-pods")
+async def release_pods(
+    *, namespace: str | None, name: str, spec: kopf.Spec, memo: Any, **_: Any
+) -> None:
+    """Gates the deleted policy left False open: its Pods go back into their Services."""
+    assert namespace is not None
+    await controller_of(memo).policy_deleted(namespace=namespace, name=name, spec=dict(spec))
+
+
 @kopf.daemon(
     GROUP, VERSION, PLURAL, id="reconcile", cancellation_backoff=1.0, cancellation_timeout=10.0
 )

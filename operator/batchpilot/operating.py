@@ -33,6 +33,9 @@ logger = logging.getLogger("batchpilot.operator")
 
 # A wake-up at a scheduled transition lands just after it, so the decision sees the new state.
 TRANSITION_MARGIN_SECONDS = 0.05
+# How long a deleted policy's release waits for its loop to stop (kopf cancels it within the
+# daemon's cancellation backoff and timeout, 1 s and 10 s).
+LOOP_END_TIMEOUT_SECONDS = 15.0
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,8 @@ class Controller:
     clock: Callable[[], datetime.datetime] = utc_now
     wakeups: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
     pods_seen: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    loops: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
+    """Per policy whose loop runs, an event set when it has stopped."""
 
     def wakeup(self, namespace: str, name: str) -> asyncio.Event:
         return self.wakeups.setdefault((namespace, name), asyncio.Event())
@@ -138,6 +143,7 @@ class Controller:
         # the write, and a pass poked at once (a Pod turning Ready at the end of a rollout)
         # would otherwise start from the status before it and write that back.
         written: Mapping[str, Any] | None = None
+        ended = self.loops[(namespace, name)] = asyncio.Event()
         try:
             while not stopped:
                 wakeup.clear()
@@ -154,6 +160,25 @@ class Controller:
             self.wakeups.pop((namespace, name), None)
             await self.reconciler.forget_policy(namespace, name)
             await state.close_source()
+            if self.loops.get((namespace, name)) is ended:
+                del self.loops[(namespace, name)]
+            ended.set()
+
+    async def policy_deleted(self, *, namespace: str, name: str, spec: Mapping[str, Any]) -> None:
+        """Once the policy's loop has stopped (a rollout it was running is cancelled with it),
+        open every gate it left False: no later pass will."""
+        ended = self.loops.get((namespace, name))
+        if ended is not None:
+            try:
+                async with asyncio.timeout(LOOP_END_TIMEOUT_SECONDS):
+                    await ended.wait()
+            except TimeoutError:
+                logger.warning("%s/%s: deleted, its loop still running", namespace, name)
+        opened = await self.reconciler.release_pods(namespace, spec)
+        if opened:
+            logger.info(
+                "%s/%s: deleted; readiness gates opened on %s", namespace, name, ", ".join(opened)
+            )
 
     async def _once(
         self,

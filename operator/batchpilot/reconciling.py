@@ -173,6 +173,23 @@ class Reconciler:
         """The policy is gone: its servers no longer keep their clients open."""
         await self.fleet.release((namespace, name))
 
+    async def release_pods(self, namespace: str, spec: Mapping[str, Any]) -> list[str]:
+        """The policy is deleted: a rollout it left half way will never finish, so every gate of
+        its Pods that is not True opens (each Pod serves the configuration it runs). The names
+        of the Pods opened; none if the spec no longer says which Pods are its."""
+        try:
+            target = specs.Target.model_validate(spec.get("target") or {})
+        except ValueError:
+            return []
+        replicas, _ = await self.replica_source.replicas(namespace, target)
+        return await rollouts.open_gates(
+            replicas,
+            namespace,
+            self.gates,
+            reason="PolicyDeleted",
+            message="the batchpilot policy that governed this Pod was deleted",
+        )
+
     async def reconcile(
         self,
         *,

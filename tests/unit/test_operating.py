@@ -29,11 +29,17 @@ class ScriptedReconciler:
         self.seen: list[dict[str, Any]] = []
         """The status each reconcile started from."""
         self.forgotten: list[tuple[str, str]] = []
+        self.released: list[tuple[str, float]] = []
+        """(namespace, loop time) of each release of a deleted policy's Pods."""
         self.wake_after = wake_after
         self.failures = failures
 
     async def forget_policy(self, namespace: str, name: str) -> None:
         self.forgotten.append((namespace, name))
+
+    async def release_pods(self, namespace: str, spec: dict[str, Any]) -> list[str]:
+        self.released.append((namespace, asyncio.get_running_loop().time()))
+        return ["triton-0"]
 
     async def reconcile(self, *, status: dict[str, Any], **_: Any) -> reconciling.Reconciled:
         now = asyncio.get_running_loop().time()
@@ -140,6 +146,32 @@ def test_the_remembered_status_follows_merge_patch_semantics() -> None:
         "conditions": [3],
     }
     assert before["targets"] == {"a": 1, "b": 2}  # not changed in place
+
+
+@pytest.mark.looptime
+async def test_a_deleted_policy_releases_its_pods_only_once_its_loop_has_stopped() -> None:
+    """kopf signals the daemon and calls the deletion handler side by side: a release before
+    the loop's cancelled rollout ends could be undone by a gate that rollout closes after."""
+    reconciler, recorder = ScriptedReconciler(), Recorder()
+    subject = controller(reconciler, recorder, interval=30)
+    stopped = Stopped()
+    body = {"spec": spec_document(), "status": {}, "metadata": {"generation": 1}}
+    follow = asyncio.create_task(
+        subject.follow(namespace="ns", name="fleet", body=body, stopped=stopped)  # type: ignore[arg-type]
+    )
+    await asyncio.sleep(1)
+    deleted = asyncio.create_task(
+        subject.policy_deleted(namespace="ns", name="fleet", spec=spec_document())
+    )
+    await asyncio.sleep(2)
+    assert reconciler.released == []  # the loop still runs
+    stopped.flag.set()
+    await asyncio.wait_for(follow, timeout=1)
+    await asyncio.wait_for(deleted, timeout=1)
+    assert reconciler.released == [("ns", pytest.approx(3))]
+    # No loop (the operator restarted after the deletion): released at once.
+    await subject.policy_deleted(namespace="ns", name="fleet", spec=spec_document())
+    assert len(reconciler.released) == 2
 
 
 @pytest.mark.looptime

@@ -369,3 +369,27 @@ async def test_a_policy_with_only_an_objective_still_reads_its_signals() -> None
     await reconcile(subject, spec_document(slo={"p95LatencyMs": 50}))
     sample = subject.metrics.registry.get_sample_value
     assert sample("batchpilot_signal", {"policy": "fleet", "metric": "p95LatencyMs"}) == 12.0
+
+
+async def test_a_deleted_policy_opens_every_gate_it_left_closed_and_only_those() -> None:
+    gates = FakeGates()
+    targets = [
+        target("triton-0", gated=True, gate="False"),  # a rollout stopped half way
+        target("triton-1", gated=True, gate="True"),
+        target("triton-2", gated=True),  # never switched: no condition yet
+        target("triton-3"),  # no gate at all
+    ]
+    subject = reconciler(targets, FakeFleet({}), gates)
+    opened = await subject.release_pods("ns", spec_document())
+    assert opened == ["triton-0", "triton-2"]
+    assert gates.changes == [
+        ("triton-0", True, "PolicyDeleted"),
+        ("triton-2", True, "PolicyDeleted"),
+    ]
+
+
+async def test_a_deleted_policy_whose_target_says_nothing_opens_nothing() -> None:
+    gates = FakeGates()
+    subject = reconciler([target("triton-0", gated=True, gate="False")], FakeFleet({}), gates)
+    assert await subject.release_pods("ns", {"target": {"port": "http"}}) == []
+    assert gates.changes == []

@@ -262,17 +262,30 @@ def dry_run(replicas: Sequence[Replica], survey: Survey) -> Result:
     return Result(tuple(outcomes), dry_run=True)
 
 
-async def open_gates_for_dry_run(replicas: Sequence[Replica], namespace: str, gates: Gates) -> None:
-    """A dry run changes no Triton server, but must not keep gated Pods out of service."""
+async def open_gates(
+    replicas: Sequence[Replica], namespace: str, gates: Gates, *, reason: str, message: str
+) -> list[str]:
+    """Set True every gate that is not: for Pods no rollout of the policy will bring back into
+    their Services. The names of the Pods opened."""
+    opened = []
     for replica in replicas:
         if replica.gated and replica.gate != "True":
             await gates.set_gate(
-                namespace,
-                replica.name,
-                applied=True,
-                reason="DryRun",
-                message="batchpilot runs this policy as a dry run",
+                namespace, replica.name, applied=True, reason=reason, message=message
             )
+            opened.append(replica.name)
+    return opened
+
+
+async def open_gates_for_dry_run(replicas: Sequence[Replica], namespace: str, gates: Gates) -> None:
+    """A dry run changes no Triton server, but must not keep gated Pods out of service."""
+    await open_gates(
+        replicas,
+        namespace,
+        gates,
+        reason="DryRun",
+        message="batchpilot runs this policy as a dry run",
+    )
 
 
 def _ordered(outcomes: Sequence[Outcome], replicas: Sequence[Replica]) -> tuple[Outcome, ...]:
