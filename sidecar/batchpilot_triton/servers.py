@@ -7,6 +7,7 @@ turns Triton's and aiohttp's many failure shapes into a few errors the actuator 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import types
 from typing import Any, Self
@@ -73,12 +74,18 @@ class TritonServer:
         metrics_url: str | None = None,
         request_timeout: float = 5.0,
         load_timeout: float = 300.0,
+        liveness_interval: float = 5.0,
+        liveness_misses: int = 3,
     ) -> None:
         self.address = host_port(url)
         self.url = f"http://{self.address}"
         self.metrics_url = metrics_url or default_metrics_url(url)
         self.request_timeout = request_timeout
         self.load_timeout = load_timeout
+        self.liveness_interval = liveness_interval
+        """How often a load or unload in progress checks that the server still answers."""
+        self.liveness_misses = liveness_misses
+        """Liveness checks missed in a row after which a load or unload is given up."""
         self._client: triton_http.InferenceServerClient | None = None
         self._session: aiohttp.ClientSession | None = None
 
@@ -158,13 +165,40 @@ class TritonServer:
         index = await self.repository_index()
         return {str(entry.get("state")) for entry in index if entry.get("name") == model}
 
+    async def _while_live(self, what: str, call: Any) -> Any:
+        """A model load or unload, bounded by the load timeout, and given up as Unreachable once
+        the server misses `liveness_misses` liveness checks in a row: a large model may load
+        for minutes, but a server cut off mid-load would otherwise hold the caller (and its
+        rollout) for the whole load timeout."""
+        task = asyncio.ensure_future(self._call(what, call, seconds=self.load_timeout))
+        misses = 0
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=self.liveness_interval)
+                if done:
+                    return task.result()
+                try:
+                    live = await self._call("liveness", self._triton().is_server_live())
+                except TritonError:
+                    live = False
+                misses = 0 if live else misses + 1
+                if misses >= self.liveness_misses:
+                    raise Unreachable(
+                        self.url,
+                        f"{what}: the server stopped answering while it ran "
+                        f"({misses} liveness checks missed in a row)",
+                    )
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, TritonError):
+                    await task
+
     async def load(self, model: str, config: ModelConfig | None = None) -> None:
         body = None if config is None else json.dumps(config)
         try:
-            await self._call(
-                f"load of {model}",
-                self._triton().load_model(model, config=body),
-                seconds=self.load_timeout,
+            await self._while_live(
+                f"load of {model}", self._triton().load_model(model, config=body)
             )
         except (Unreachable, ExplicitModeRequired):
             raise
@@ -172,9 +206,7 @@ class TritonServer:
             raise LoadRejected(self.url, error.message) from None
 
     async def unload(self, model: str) -> None:
-        await self._call(
-            f"unload of {model}", self._triton().unload_model(model), seconds=self.load_timeout
-        )
+        await self._while_live(f"unload of {model}", self._triton().unload_model(model))
 
     async def statistics(self, model: str = "") -> list[dict[str, Any]]:
         """Triton's statistics extension for one model, or all (`GET v2/models[/NAME]/stats`):

@@ -1,0 +1,80 @@
+"""TritonServer's long calls against a scripted HTTP server on loopback: a load may take long
+while the server answers, and is given up once it stops answering."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+from aiohttp import web
+
+from batchpilot_triton import servers
+
+
+class Scripted:
+    """A Triton whose loads take `load_seconds` and whose liveness answers while `live`."""
+
+    def __init__(self, load_seconds: float) -> None:
+        self.load_seconds = load_seconds
+        self.live = True
+        self.liveness_checks = 0
+
+    async def load(self, request: web.Request) -> web.Response:
+        await asyncio.sleep(self.load_seconds)
+        return web.json_response({})
+
+    async def health(self, request: web.Request) -> web.Response:
+        self.liveness_checks += 1
+        if not self.live:
+            await asyncio.sleep(3600)  # a cut-off server: no answer at all
+        return web.Response()
+
+
+Serve = Callable[["Scripted"], Awaitable[str]]
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Serve]:
+    runners: list[web.AppRunner] = []
+
+    async def start(scripted: Scripted) -> str:
+        app = web.Application()
+        app.router.add_post("/v2/repository/models/{model}/load", scripted.load)
+        app.router.add_get("/v2/health/live", scripted.health)
+        runner = web.AppRunner(app, shutdown_timeout=0.1)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        runners.append(runner)
+        port = runner.addresses[0][1]
+        return f"http://127.0.0.1:{port}"
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
+
+
+def quick(url: str) -> servers.TritonServer:
+    return servers.TritonServer(
+        url, request_timeout=0.2, load_timeout=30, liveness_interval=0.1, liveness_misses=3
+    )
+
+
+@pytest.mark.timeout(10)
+async def test_a_long_load_on_a_server_that_answers_runs_to_its_end(serve: Serve) -> None:
+    scripted = Scripted(load_seconds=1.0)
+    async with quick(await serve(scripted)) as triton:
+        await triton.load("gpu_sim")
+    assert scripted.liveness_checks >= 3  # it was checked on, and never given up
+
+
+@pytest.mark.timeout(10)
+async def test_a_load_on_a_server_that_stops_answering_is_given_up_as_unreachable(
+    serve: Serve,
+) -> None:
+    scripted = Scripted(load_seconds=3600)
+    async with quick(await serve(scripted)) as triton:
+        scripted.live = False
+        with pytest.raises(servers.Unreachable, match="3 liveness checks missed in a row"):
+            await triton.load("gpu_sim")
