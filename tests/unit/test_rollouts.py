@@ -134,6 +134,44 @@ async def test_a_replica_that_does_not_answer_is_skipped_and_holds_up_no_other()
 
 
 @pytest.mark.looptime
+async def test_no_gated_replica_leaves_its_services_while_a_dead_one_fills_the_budget() -> None:
+    replicas = [target(f"triton-{i}", gated=True, gate="True") for i in range(3)]
+    fleet = fleet_for(replicas)
+    fleet.servers[replicas[0].http_url].unreachable = True
+    gates = FakeGates()
+    result = await roll_out(replicas, fleet, gates, maxUnavailable=1)
+    assert [o.state for o in result.outcomes] == ["Unreachable", "Pending", "Pending"]
+    assert result.outcomes[1].message == "held: triton-0 out of service, rollout.maxUnavailable 1"
+    assert gates.changes == []
+    assert not result.halted
+
+
+@pytest.mark.looptime
+async def test_a_dead_replica_narrows_the_waves_of_gated_ones() -> None:
+    replicas = [target(f"triton-{i}", gated=True, gate="True") for i in range(4)]
+    fleet = fleet_for(replicas)
+    fleet.apply_seconds = 1.0
+    fleet.servers[replicas[0].http_url].unreachable = True
+    result = await roll_out(replicas, fleet, maxUnavailable=2)
+    assert [o.state for o in result.outcomes] == ["Unreachable", "Updated", "Updated", "Updated"]
+    assert fleet.most_in_flight == 1
+
+
+@pytest.mark.looptime
+async def test_replicas_already_out_of_their_services_switch_first_and_cost_no_budget() -> None:
+    replicas = [
+        target("triton-0", gated=True, gate="True"),
+        target("triton-1", gated=True, gate="True"),
+        target("triton-2", gated=True, gate="False"),  # left out by an interrupted rollout
+    ]
+    fleet = fleet_for(replicas)
+    result = await roll_out(replicas, fleet, maxUnavailable=1)
+    assert result.count("Updated") == 3
+    applied = [url for call, url in fleet.calls if call == "apply"]
+    assert applied == [replicas[2].http_url, replicas[0].http_url, replicas[1].http_url]
+
+
+@pytest.mark.looptime
 async def test_a_replica_backing_off_is_reported_but_its_failure_is_not_counted_again() -> None:
     replicas = [target("triton-0")]
     fleet = fleet_for(replicas)

@@ -13,7 +13,9 @@ queued requests to drain, applies, verifies, and sets the gate True again. A rep
 gate is switched in place: its requests stall for the length of the reload. A replica that fails
 is rolled back by the actuator and reported; once `maxUnavailable` replicas have failed, the
 rollout stops and the rest keep their current profile until the next attempt. A replica that
-does not answer is reported and skipped; it does not count against `maxUnavailable`.
+does not answer is reported and skipped, and is not counted as a failure; but it serves no
+one, so while `maxUnavailable` replicas are out of service (unreachable, or gated out) no other
+gated replica leaves its Services: the rest are held until it is back.
 
 Every step is level-based, so a rollout interrupted at any point (an operator killed mid-way)
 converges on the next pass: up-to-date replicas are skipped, and a gate left False on an
@@ -234,21 +236,61 @@ async def roll_out(
             await _open_gate(replica, plan, gates, reason="ConfigApplied")
     limit = plan.rollout.max_unavailable
     halted = False
-    for first in range(0, len(behind), limit):
+    out = set(survey.unreachable)  # not serving, whatever their gates say
+    # Replicas already out of their Services (an interrupted rollout, a restarted Triton) cost
+    # nothing to switch: they go first.
+    behind.sort(key=lambda replica: not _out_of_service(replica))
+    while behind:
         if failures >= limit:
             halted = True
             settled.extend(
                 Outcome(replica, "Pending", None, f"rollout halted after {failures} failures")
-                for replica in behind[first:]
+                for replica in behind
             )
             break
-        wave = behind[first : first + limit]
+        wave = _next_wave(behind, limit, out)
+        if not wave:
+            held = f"held: {', '.join(sorted(out))} out of service, rollout.maxUnavailable {limit}"
+            settled.extend(Outcome(replica, "Pending", None, held) for replica in behind)
+            break
+        behind = [replica for replica in behind if replica not in wave]
         outcomes = await asyncio.gather(
             *(_switch(r, survey.models[r.http_url], plan, fleet, gates) for r in wave)
         )
         settled.extend(outcomes)
         failures += sum(outcome.state in ("Failed", "Unreachable") for outcome in outcomes)
+        out |= {outcome.replica.name for outcome in outcomes if _left_out(outcome)}
     return Result(_ordered(settled, replicas), halted, asyncio.get_running_loop().time() - started)
+
+
+def _out_of_service(replica: Replica) -> bool:
+    """A gated replica whose gate is not True: its Pod is not Ready, so out of its Services."""
+    return replica.gated and replica.gate != "True"
+
+
+def _left_out(outcome: Outcome) -> bool:
+    """A gated replica this pass took out of its Services and did not bring back."""
+    reopened = outcome.state == "Updated" or outcome.error in ("refused", "rejected")
+    return outcome.replica.gated and not reopened
+
+
+def _next_wave(behind: Sequence[Replica], limit: int, out: set[str]) -> list[Replica]:
+    """Up to `limit` replicas to switch side by side. A gated replica that serves is taken out
+    of its Services only while fewer than `limit` replicas are out (unreachable, gated False,
+    or in this wave): a dead Pod must not leave one Pod fewer serving than the budget allows.
+    Ungated replicas switch in place (their requests stall, none fail), so only `limit` bounds
+    them."""
+    room = limit - len(out) - sum(_out_of_service(replica) for replica in behind)
+    wave: list[Replica] = []
+    for replica in behind:
+        if len(wave) == limit:
+            break
+        if replica.gated and not _out_of_service(replica):
+            if room <= 0:
+                continue
+            room -= 1
+        wave.append(replica)
+    return wave
 
 
 def dry_run(replicas: Sequence[Replica], survey: Survey) -> Result:

@@ -463,7 +463,9 @@ class Rollout(Model):
     """How a profile change rolls out across the Triton replicas."""
 
     max_unavailable: Annotated[int, Field(ge=1, le=1000)] = 1
-    """Replicas switched at the same time; also how many may fail before the rollout stops."""
+    """Replicas switched at the same time; for Pods with the readiness gate, the most out of
+    their Services at once, counting those that do not answer; also how many may fail before
+    the rollout stops."""
     drain_timeout_seconds: Annotated[int, Field(ge=0, le=3600)] = 15
     """For Pods with the batchpilot.dev/config-applied readiness gate: the longest wait, after
     taking the replica out of its Services, for its queue to empty and new requests to stop.
