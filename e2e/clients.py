@@ -47,6 +47,7 @@ import aiohttp
 import numpy as np
 
 from batchpilot_harness import loadgen
+from batchpilot_triton import endpoints
 from e2e.cluster import locations, podnetwork
 
 STYLES: Final = ("new-connection", "keep-alive", "grpc")
@@ -437,3 +438,37 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+@dataclasses.dataclass
+class PodLoads:
+    """What `load_on_each` sent: from `origin` (a time.monotonic() reading) on, and, once it has
+    stopped, the records of each Pod's client under the Pod's name."""
+
+    origin: float
+    records: dict[str, list[loadgen.RequestRecord]] = dataclasses.field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def load_on_each(host: podnetwork.Host, ips: dict[str, str], *, rate: float) -> Iterator[PodLoads]:
+    """A keep-alive client per Pod, straight to its IP (so that each failure is the Pod's),
+    `rate` requests per second each, from `host`."""
+    with contextlib.ExitStack() as stack:
+        loads = {
+            pod: stack.enter_context(
+                ClientProcess(
+                    host,
+                    style="keep-alive",
+                    address=f"{ip}:{endpoints.TRITON_HTTP_PORT}",
+                    rate=rate,
+                    seed=seed,
+                )
+            )
+            for seed, (pod, ip) in enumerate(sorted(ips.items()))
+        }
+        sent = PodLoads(origin=time.monotonic())
+        for load in loads.values():
+            load.start(sent.origin)
+        yield sent
+        for pod, load in loads.items():
+            sent.records[pod] = load.stop()

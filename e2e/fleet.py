@@ -1,11 +1,14 @@
 """Real Triton servers behind real Pods, for e2e tests: run by the local cluster's pod runner, or,
 on kind, by the kubelet from the images that `python -m e2e.kind up` built."""
 
+import contextlib
+import copy
 import json
 import os
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client
@@ -13,7 +16,7 @@ from kubernetes import client
 from batchpilot.kube import pods
 from batchpilot_triton import endpoints, modelconfigs
 from e2e import waiting
-from e2e.cluster import podrunner
+from e2e.cluster import controlplane, podnetwork, podrunner
 from e2e.kubes import Kube
 
 MODEL = "gpu_sim"
@@ -23,6 +26,28 @@ PROFILES: dict[str, dict[str, Any]] = {
 }
 """The two profiles that the e2e policies and the benchmarks switch between."""
 QUEUE_DELAY = {name: profile["maxQueueDelayMicroseconds"] for name, profile in PROFILES.items()}
+BASE_SPEC: dict[str, Any] = {
+    "target": {
+        "selector": {"matchLabels": {"app": "triton"}},
+        "port": "http",
+        "models": [MODEL],
+    },
+    "profiles": PROFILES,
+    "defaultProfile": "bulk",
+    "minDwellSeconds": 0,
+    "rollout": {"maxUnavailable": 2},
+}
+"""The spec of the e2e tests' policies over the Pods `start_tritons` starts, bulk by default."""
+
+
+def policy(name: str = "fleet", **spec: Any) -> dict[str, Any]:
+    """A BatchPolicy document: BASE_SPEC with `spec`'s top-level fields replacing its own."""
+    return {
+        "apiVersion": "batchpilot.dev/v1alpha1",
+        "kind": "BatchPolicy",
+        "metadata": {"name": name},
+        "spec": {**copy.deepcopy(BASE_SPEC), **spec},
+    }
 
 
 # Set by `python -m e2e.kind test`: the images of real Triton Pods on kind.
@@ -232,3 +257,24 @@ def pod_condition(kube: Kube, namespace: str, pod: str, kind: str) -> str | None
 def gate_open(kube: Kube, namespace: str, pod: str) -> bool:
     """Whether batchpilot holds the Pod's readiness gate True."""
     return pod_condition(kube, namespace, pod, pods.GATE) == "True"
+
+
+def process_in_pod(ip: str, program: str) -> int:
+    """The pid of the process of the Pod at `ip` (on the local cluster) that runs `program`:
+    an executable's name (tritonserver) or a Python module's (batchpilot_sidecar)."""
+
+    def runs(pid: int) -> bool:
+        with contextlib.suppress(OSError):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            names = [Path(arg.decode(errors="replace")).name for arg in argv[:3]]
+            return program in names
+        return False
+
+    (pid,) = [pid for pid in podnetwork.pids(podnetwork.Host(ip=ip)) if runs(pid)]
+    return pid
+
+
+def pod_log(cluster: controlplane.Cluster, namespace: str, pod: str, container: str) -> str:
+    """What a container of a Pod the local pod runner ran has written so far."""
+    path = cluster.logs_dir / "pods" / f"{namespace}_{pod}_{container}.log"
+    return path.read_text(errors="replace") if path.exists() else ""

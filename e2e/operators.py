@@ -148,6 +148,12 @@ def apply_policy(kube: Kube, namespace: str, document: dict[str, Any]) -> None:
     assert applied.returncode == 0, applied.stderr
 
 
+def create_peering(kube: Kube, namespace: str, name: str = "batchpilot") -> None:
+    """The KopfPeering through which operator replicas (not --standalone) elect one active."""
+    peering = {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": name}}
+    apply_policy(kube, namespace, peering)
+
+
 def policy_status(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
     got = kube.kubectl_run("get", "bp", name, "-n", namespace, "-o", "yaml")
     assert got.returncode == 0, got.stderr

@@ -6,14 +6,12 @@ manifests/rbac.yaml (see the `operator_kubeconfig` fixture), never as cluster ad
 
 import asyncio
 import contextlib
-import copy
 import datetime
 import os
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,29 +26,6 @@ from e2e.operators import OperatorProcess
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("triton_pods")]
 
 StartOperator = Callable[..., OperatorProcess]
-
-BASE_SPEC: dict[str, Any] = {
-    "target": {
-        "selector": {"matchLabels": {"app": "triton"}},
-        "port": "http",
-        "models": ["gpu_sim"],
-    },
-    "profiles": fleet.PROFILES,
-    "defaultProfile": "bulk",
-    "minDwellSeconds": 0,
-    "rollout": {"maxUnavailable": 2},
-}
-
-
-def policy(name: str = "fleet", **spec: Any) -> dict[str, Any]:
-    body = copy.deepcopy(BASE_SPEC)
-    body.update(spec)
-    return {
-        "apiVersion": "batchpilot.dev/v1alpha1",
-        "kind": "BatchPolicy",
-        "metadata": {"name": name},
-        "spec": body,
-    }
 
 
 def status_of(kube: Kube, namespace: str, name: str = "fleet") -> dict[str, Any]:
@@ -99,7 +74,7 @@ def test_schedule_window_is_in_force_on_every_target_when_it_opens(
     }
     start_operator(interval=interval)
     schedule = {"timezone": "UTC", "windows": [window], "leadTime": lead_time}
-    operators.apply_policy(kube, namespace, policy(schedule=schedule))
+    operators.apply_policy(kube, namespace, fleet.policy(schedule=schedule))
     waiting.wait_for("bulk on every target", fleet.everyone_serves(ips, "bulk"), timeout=30)
     planned = status_of(kube, namespace)
     assert planned["nextTransitionTime"] == opens.strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -173,7 +148,7 @@ def test_load_rule_switches_under_a_burst_and_back_after_it(
     operators.apply_policy(
         kube,
         namespace,
-        policy(
+        fleet.policy(
             defaultProfile="interactive",
             minDwellSeconds=dwell,
             load={"source": source, "rules": [rule]},
@@ -217,7 +192,7 @@ def test_override_switches_at_once_and_expires_on_time(
     interval = 3.0
     ips = fleet.start_tritons(kube, namespace, 2)
     start_operator(interval=interval)
-    operators.apply_policy(kube, namespace, policy(minDwellSeconds=600))
+    operators.apply_policy(kube, namespace, fleet.policy(minDwellSeconds=600))
     waiting.wait_for("bulk everywhere", fleet.everyone_serves(ips, "bulk"), timeout=30)
 
     until = datetime.datetime.now(datetime.UTC).replace(microsecond=0) + datetime.timedelta(
@@ -229,7 +204,7 @@ def test_override_switches_at_once_and_expires_on_time(
         "reason": "desk opens early",
     }
     applied_at = time.monotonic()
-    operators.apply_policy(kube, namespace, policy(minDwellSeconds=0, override=override))
+    operators.apply_policy(kube, namespace, fleet.policy(minDwellSeconds=0, override=override))
     waiting.wait_for(
         "interactive at once", fleet.everyone_serves(ips, "interactive"), timeout=20, interval=0.05
     )
@@ -252,7 +227,7 @@ def test_dry_run_decides_and_reports_but_changes_no_server(
     ips = fleet.start_tritons(kube, namespace, 1, gated=True)
     before = {ip: fleet.served_config(ip) for ip in ips.values()}
     start_operator()
-    operators.apply_policy(kube, namespace, policy(defaultProfile="interactive", dryRun=True))
+    operators.apply_policy(kube, namespace, fleet.policy(defaultProfile="interactive", dryRun=True))
 
     def decided() -> dict[str, Any] | None:
         status = status_of(kube, namespace)
@@ -281,17 +256,12 @@ def test_restarted_triton_behind_a_pod_is_reapplied(
 ) -> None:
     ips = fleet.start_tritons(kube, namespace, 2)
     start_operator(interval=2.0)
-    operators.apply_policy(kube, namespace, policy())
+    operators.apply_policy(kube, namespace, fleet.policy())
     waiting.wait_for("bulk everywhere", fleet.everyone_serves(ips, "bulk"), timeout=30)
 
     victim = ips["triton-0"]
     # The tritonserver itself dies, as a crash would; the pod runner starts it again.
-    (server,) = [
-        pid
-        for pid in podnetwork.pids(podnetwork.Host(ip=victim))
-        if Path(f"/proc/{pid}/exe").resolve().name == "tritonserver"
-    ]
-    os.kill(server, signal.SIGKILL)
+    os.kill(fleet.process_in_pod(victim, "tritonserver"), signal.SIGKILL)
     waiting.wait_for("the server gone", lambda: not fleet.triton_ready(victim), timeout=15)
     # The pod runner starts Triton again with its repository configuration; the operator
     # must notice and bring it back to bulk.
@@ -307,14 +277,14 @@ def test_operator_killed_mid_rollout_converges_after_restart(
     slow = ["--settle-seconds", "3"]
     first = start_operator(interval=2.0, extra=slow)
     operators.apply_policy(
-        kube, namespace, policy(rollout={"maxUnavailable": 1, "drainTimeoutSeconds": 10})
+        kube, namespace, fleet.policy(rollout={"maxUnavailable": 1, "drainTimeoutSeconds": 10})
     )
     waiting.wait_for("bulk everywhere", fleet.everyone_serves(ips, "bulk"), timeout=60)
 
     operators.apply_policy(
         kube,
         namespace,
-        policy(
+        fleet.policy(
             rollout={"maxUnavailable": 1, "drainTimeoutSeconds": 10},
             override={"profile": "interactive"},
         ),
@@ -359,7 +329,8 @@ def _switch_under_load(
     with load:
         load.start()
         time.sleep(4)
-        operators.apply_policy(kube, namespace, policy(**spec, override={"profile": "interactive"}))
+        switched = fleet.policy(**spec, override={"profile": "interactive"})
+        operators.apply_policy(kube, namespace, switched)
         decided = time.monotonic()
         waiting.wait_for(
             "interactive everywhere",
@@ -378,7 +349,7 @@ def _gated_fleet_behind_a_service(
     ips = fleet.start_tritons(kube, namespace, 2, gated=True)
     service_ip = fleet.create_service(kube, namespace, selector={"app": "triton"})
     start_operator(interval=2.0)
-    operators.apply_policy(kube, namespace, policy(**spec))
+    operators.apply_policy(kube, namespace, fleet.policy(**spec))
     waiting.wait_for("bulk everywhere", fleet.everyone_serves(ips, "bulk"), timeout=60)
     waiting.wait_for(
         "both Pods behind the Service",
@@ -462,8 +433,8 @@ def test_model_the_servers_lack_and_unknown_time_zone_are_invalid_specs(
     ips = fleet.start_tritons(kube, namespace, 1)
     before = {ip: fleet.served_config(ip) for ip in ips.values()}
     start_operator()
-    target = {**BASE_SPEC["target"], "models": ["gpu_sim", "torch_mlp"]}
-    operators.apply_policy(kube, namespace, policy(target=target))
+    target = {**fleet.BASE_SPEC["target"], "models": ["gpu_sim", "torch_mlp"]}
+    operators.apply_policy(kube, namespace, fleet.policy(target=target))
 
     def invalid() -> dict[str, Any] | None:
         found = operators.condition(status_of(kube, namespace), "InvalidSpec")
@@ -474,7 +445,7 @@ def test_model_the_servers_lack_and_unknown_time_zone_are_invalid_specs(
     assert any("torch_mlp" in m for m in operators.events(kube, namespace, "InvalidSpec"))
     assert {ip: fleet.served_config(ip) for ip in ips.values()} == before
 
-    operators.apply_policy(kube, namespace, policy(schedule={"timezone": "Mars/Olympus"}))
+    operators.apply_policy(kube, namespace, fleet.policy(schedule={"timezone": "Mars/Olympus"}))
     waiting.wait_for(
         "the time zone named",
         lambda: (
@@ -492,7 +463,7 @@ def test_operator_exports_the_active_profile_and_updated_targets_while_live(
 ) -> None:
     ips = fleet.start_tritons(kube, namespace, 1)
     operator = start_operator()
-    operators.apply_policy(kube, namespace, policy())
+    operators.apply_policy(kube, namespace, fleet.policy())
     waiting.wait_for("bulk everywhere", fleet.everyone_serves(ips, "bulk"), timeout=30)
     page = operator.metrics()
     assert 'batchpilot_active_profile{policy="fleet",profile="bulk"} 1.0' in page
@@ -505,16 +476,11 @@ def test_operator_exports_the_active_profile_and_updated_targets_while_live(
 def test_two_replicas_with_peering_leave_exactly_one_active(
     kube: Kube, namespace: str, start_operator: StartOperator
 ) -> None:
-    peering = {
-        "apiVersion": "kopf.dev/v1",
-        "kind": "KopfPeering",
-        "metadata": {"name": "batchpilot"},
-    }
-    operators.apply_policy(kube, namespace, peering)
+    operators.create_peering(kube, namespace)
     ips = fleet.start_tritons(kube, namespace, 1)
     second = start_operator(standalone=False, extra=["--priority", "20"])
     first = start_operator(standalone=False, extra=["--priority", "10"])
-    operators.apply_policy(kube, namespace, policy())
+    operators.apply_policy(kube, namespace, fleet.policy())
     waiting.wait_for("bulk everywhere", fleet.everyone_serves(ips, "bulk"), timeout=60)
     time.sleep(3)  # a few ticks in which the follower, had it been active, would have acted
     assert "fleet: (none) -> bulk" in second.log
@@ -522,7 +488,7 @@ def test_two_replicas_with_peering_leave_exactly_one_active(
 
     # The leader leaves (a rolling update, say): the follower takes over and serves changes.
     second.stop()
-    operators.apply_policy(kube, namespace, policy(override={"profile": "interactive"}))
+    operators.apply_policy(kube, namespace, fleet.policy(override={"profile": "interactive"}))
     waiting.wait_for("the follower to apply", fleet.everyone_serves(ips, "interactive"), timeout=60)
     assert "Resuming operations after the pause" in first.log
     assert "fleet: bulk -> interactive" in first.log

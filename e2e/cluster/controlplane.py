@@ -474,6 +474,32 @@ def _start_components(cluster: Cluster, startup: _Startup, *, bin_dir: Path) -> 
     )
 
 
+def restart(cluster: Cluster, component: str, *, down_seconds: float = 0.0) -> float:
+    """Restart etcd or kube-apiserver, down for `down_seconds`, and wait until it serves again;
+    the seconds the API was unavailable. Everything else (the operator, kwok, the pod runner,
+    kube-proxy) must find its way back on its own."""
+    healthy: dict[str, Callable[[], bool]] = {
+        "etcd": lambda: _http_ok(
+            f"http://127.0.0.1:{cluster.ports.etcd_client}/health", expect='"true"'
+        ),
+        "kube-apiserver": lambda: cluster.client().text("/readyz").strip() == "ok",
+    }
+    if component not in healthy:
+        raise ClusterError(f"cannot restart {component!r}: one of {sorted(healthy)}")
+    stopped_at = time.monotonic()
+    process = processes.restart(cluster.state_dir, component, down_seconds=down_seconds)
+    deadline = stopped_at + down_seconds + 60
+    while True:
+        if process.poll() is not None:
+            raise ClusterError(f"{component} exited with {process.returncode} after a restart")
+        with contextlib.suppress(OSError, rest.ApiError, ValueError):
+            if healthy[component]() and cluster.client().text("/readyz").strip() == "ok":
+                return time.monotonic() - stopped_at
+        if time.monotonic() > deadline:
+            raise ClusterError(f"{component} not back within 60 s of its restart")
+        time.sleep(0.2)
+
+
 def stop(
     *,
     state_dir: Path | None = None,

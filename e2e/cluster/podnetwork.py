@@ -138,20 +138,36 @@ def add_host(ip: str, *, routes: Sequence[str]) -> Host:
               host.netns)  # fmt: skip
         _must("ip", "addr", "add", f"{GATEWAY}/32", "dev", host.link, "scope", "link")
         _must("ip", "link", "set", host.link, "up")
-        inside = ("ip", "-n", host.netns)
-        _must(*inside, "link", "set", "lo", "up")
-        _must(*inside, "addr", "add", f"{ip}/32", "dev", "eth0")
-        _must(*inside, "link", "set", "eth0", "up")
-        # The host, as it answers for the gateway (connections from the host come from it).
-        _must(*inside, "route", "replace", GATEWAY, "dev", "eth0", "scope", "link")
-        for network in routes:
-            _must(*inside, *_routed(network))
+        _must("ip", "-n", host.netns, "link", "set", "lo", "up")
+        _must("ip", "-n", host.netns, "addr", "add", f"{ip}/32", "dev", "eth0")
+        _bring_up_inside(host, routes)
         _must("ip", "route", "replace", f"{ip}/32", "dev", host.link, "scope", "link", "src",
               GATEWAY)  # fmt: skip
     except OSError:
         remove_host(ip)
         raise
     return host
+
+
+def _bring_up_inside(host: Host, routes: Sequence[str]) -> None:
+    """The namespace's eth0 up, with its routes (a link going down takes them with it)."""
+    inside = ("ip", "-n", host.netns)
+    _must(*inside, "link", "set", "eth0", "up")
+    # The host, as it answers for the gateway (connections from the host come from it).
+    _must(*inside, "route", "replace", GATEWAY, "dev", "eth0", "scope", "link")
+    for network in routes:
+        _must(*inside, *_routed(network))
+
+
+def cut(host: Host) -> None:
+    """Cut the host off the network, as a failed link or a partition would: its eth0 goes down,
+    and what is sent to it is dropped without an answer (its processes keep running)."""
+    _must("ip", "-n", host.netns, "link", "set", "eth0", "down")
+
+
+def restore(host: Host, *, routes: Sequence[str]) -> None:
+    """Undo `cut`: the link up again, with the routes `add_host` gave it."""
+    _bring_up_inside(host, routes)
 
 
 def remove_host(ip: str) -> None:

@@ -9,6 +9,7 @@ that alone and so also cleans up after a run whose pid files are gone.
 """
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -55,8 +56,27 @@ def start(
     pid_dir = state_dir / "pids"
     pid_dir.mkdir(parents=True, exist_ok=True)
     (pid_dir / f"{name}.pid").write_text(f"{process.pid}\n")
+    (pid_dir / f"{name}.json").write_text(
+        json.dumps({"argv": list(argv), "log_path": str(log_path), "cwd": cwd and str(cwd)})
+    )
     _children[process.pid] = process
     return process
+
+
+def restart(state_dir: Path, name: str, *, down_seconds: float = 0.0) -> subprocess.Popen[bytes]:
+    """Stop a component (SIGTERM, then SIGKILL) and, `down_seconds` later, start it again as
+    it was started: a crashed or upgraded control-plane process coming back."""
+    recorded = json.loads((state_dir / "pids" / f"{name}.json").read_text())
+    stop_recorded(state_dir, [name])
+    time.sleep(down_seconds)
+    cwd = recorded["cwd"]
+    return start(
+        name=name,
+        argv=recorded["argv"],
+        state_dir=state_dir,
+        log_path=Path(recorded["log_path"]),
+        cwd=Path(cwd) if cwd else None,
+    )
 
 
 def reap(pids: Sequence[int], *, timeout: float = 5.0) -> None:

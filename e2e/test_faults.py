@@ -1,0 +1,422 @@
+"""The fleet stays correct whatever breaks: faults injected into a real cluster under load.
+
+Each test runs load while something fails (a Pod's network, a Triton mid-reload, a sidecar, the
+policy itself, the operator) and checks what must hold afterwards: every target on the decided
+profile, every gate True, the status truthful, and no failed request outside the faulted Pod.
+"""
+
+import datetime
+import os
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from batchpilot import telemetry
+from batchpilot_harness import loadgen
+from batchpilot_triton import endpoints
+from e2e import clients, fleet, operators, waiting
+from e2e.cluster import controlplane, podnetwork
+from e2e.kubes import Kube
+from e2e.operators import OperatorProcess
+
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("local_cluster")]
+
+StartOperator = Callable[..., OperatorProcess]
+
+ONE_AT_A_TIME: dict[str, Any] = {"rollout": {"maxUnavailable": 1, "drainTimeoutSeconds": 10}}
+SETTLE = ["--settle-seconds", "2"]
+"""Slower switches than the default, so that a fault lands in the middle of a rollout."""
+INTERACTIVE = {"profile": "interactive"}
+
+
+def failures(records: list[loadgen.RequestRecord]) -> list[str]:
+    return [str(record.error or record.status) for record in records if not record.succeeded]
+
+
+def target_states(kube: Kube, namespace: str) -> dict[str, str]:
+    status = operators.policy_status(kube, namespace, "fleet")
+    return {target["name"]: target["state"] for target in status.get("targetDetails") or []}
+
+
+def all_gates_open(kube: Kube, namespace: str, pods: dict[str, str]) -> Callable[[], bool]:
+    return lambda: all(fleet.gate_open(kube, namespace, pod) for pod in pods)
+
+
+def some_switched(ips: dict[str, str], profile: str) -> Callable[[], bool]:
+    """Part of the fleet, not all of it, serves `profile`: a rollout half way."""
+
+    def check() -> bool:
+        switched = sum(fleet.served_profile(ip) == profile for ip in ips.values())
+        return 1 <= switched < len(ips)
+
+    return check
+
+
+def start_fleet(
+    kube: Kube, namespace: str, start_operator: StartOperator, count: int
+) -> dict[str, str]:
+    """`count` gated Triton Pods on bulk, switched one at a time by an operator that takes its
+    time over each."""
+    ips = fleet.start_tritons(kube, namespace, count, gated=True)
+    start_operator(interval=2.0, extra=SETTLE)
+    operators.apply_policy(kube, namespace, fleet.policy(**ONE_AT_A_TIME))
+    waiting.wait_for("bulk everywhere", fleet.everyone_serves(ips, "bulk"), timeout=60)
+    waiting.wait_for("every gate True", all_gates_open(kube, namespace, ips), timeout=30)
+    return ips
+
+
+@pytest.mark.timeout(300)
+def test_a_pod_cut_off_mid_rollout_holds_up_nothing_is_reported_and_is_switched_once_back(
+    kube: Kube, namespace: str, start_operator: StartOperator, client_host: podnetwork.Host
+) -> None:
+    ips = start_fleet(kube, namespace, start_operator, 3)
+    victim = "triton-2"
+    others = {pod: ip for pod, ip in ips.items() if pod != victim}
+    host = podnetwork.Host(ip=ips[victim])
+    with clients.load_on_each(client_host, ips, rate=20) as loads:
+        operators.apply_policy(kube, namespace, fleet.policy(**ONE_AT_A_TIME, override=INTERACTIVE))
+        waiting.wait_for(
+            "the first Pod switched",
+            lambda: fleet.served_profile(ips["triton-0"]) == "interactive",
+            timeout=40,
+            interval=0.05,
+        )
+        podnetwork.cut(host)
+        cut_at = time.monotonic()
+        try:
+            waiting.wait_for(
+                "the Pods still connected on interactive",
+                fleet.everyone_serves(others, "interactive"),
+                timeout=60,
+            )
+
+            def reported() -> bool:
+                warned = operators.events(kube, namespace, "TargetUnreachable")
+                named = any(f"pod {victim}:" in message for message in warned)
+                return named and target_states(kube, namespace).get(victim) == "Unreachable"
+
+            waiting.wait_for(f"{victim} reported unreachable", reported, timeout=60)
+            reported_after = time.monotonic() - cut_at
+            states = target_states(kube, namespace)
+        finally:
+            podnetwork.restore(host, routes=controlplane.HOST_ROUTES)
+        restored_at = time.monotonic()
+        waiting.wait_for(
+            f"{victim} on interactive once back",
+            fleet.everyone_serves(ips, "interactive"),
+            timeout=120,
+        )
+        back_after = time.monotonic() - restored_at
+        waiting.wait_for("every gate True", all_gates_open(kube, namespace, ips), timeout=30)
+    failed = {pod: failures(loads.records[pod]) for pod in ips}
+    print(
+        f"\ncut: reported after {reported_after:.1f} s, states {states}; switched "
+        f"{back_after:.1f} s after the link came back; failed requests "
+        f"{ {pod: len(f) for pod, f in failed.items()} } of "
+        f"{ {pod: len(r) for pod, r in loads.records.items()} }"
+    )
+    assert states == {"triton-0": "Updated", "triton-1": "Updated", victim: "Unreachable"}
+    for pod in others:
+        assert failed[pod] == [], f"{pod}: {failed[pod][:3]}"
+    waiting.wait_for(
+        "status Ready",
+        lambda: (
+            operators.condition(operators.policy_status(kube, namespace, "fleet"), "Ready").get(
+                "status"
+            )
+            == "True"
+        ),
+        timeout=30,
+    )
+
+
+@pytest.mark.timeout(300)
+def test_triton_killed_in_the_middle_of_a_reload_comes_back_on_the_decided_profile(
+    kube: Kube,
+    namespace: str,
+    start_operator: StartOperator,
+    client_host: podnetwork.Host,
+    local_cluster: controlplane.Cluster,
+) -> None:
+    """Through a Service: the killed Pod was out of it, and the other stays in it until the
+    killed one is back, so no client request fails."""
+    ips = start_fleet(kube, namespace, start_operator, 2)
+    service_ip = fleet.create_service(kube, namespace, selector={"app": "triton"})
+    waiting.wait_for(
+        "both Pods behind the Service",
+        lambda: fleet.ready_endpoints(kube, namespace, "triton") == set(ips.values()),
+        timeout=20,
+    )
+    ready_url = f"http://{service_ip}:{endpoints.TRITON_HTTP_PORT}/v2/health/ready"
+    waiting.wait_for(
+        "kube-proxy routing the Service",
+        lambda: (
+            not any(
+                answer.startswith("error")
+                for answer in clients.probe(client_host, ready_url, count=4)
+            )
+        ),
+        timeout=30,
+    )
+    victim = "triton-0"
+
+    def loads_seen() -> int:
+        return fleet.pod_log(local_cluster, namespace, victim, "triton").count("loading: gpu_sim")
+
+    loads_before = loads_seen()
+    load = clients.ClientProcess(
+        client_host,
+        style="new-connection",
+        address=f"{service_ip}:{endpoints.TRITON_HTTP_PORT}",
+        rate=60,
+        seed=3,
+    )
+    with load:
+        load.start()
+        time.sleep(2)
+        operators.apply_policy(kube, namespace, fleet.policy(**ONE_AT_A_TIME, override=INTERACTIVE))
+        waiting.wait_for(
+            f"a reload begun on {victim}",
+            lambda: loads_seen() > loads_before,
+            timeout=40,
+            interval=0.02,
+        )
+        os.kill(fleet.process_in_pod(ips[victim], "tritonserver"), signal.SIGKILL)
+        killed_at = time.monotonic()
+        waiting.wait_for(
+            "interactive everywhere", fleet.everyone_serves(ips, "interactive"), timeout=150
+        )
+        back_after = time.monotonic() - killed_at
+        waiting.wait_for("every gate True", all_gates_open(kube, namespace, ips), timeout=30)
+        waiting.wait_for(
+            "both Pods behind the Service again",
+            lambda: fleet.ready_endpoints(kube, namespace, "triton") == set(ips.values()),
+            timeout=30,
+        )
+        time.sleep(2)
+        records = load.stop()
+    failed = failures(records)
+    print(
+        f"\nTriton killed mid-reload: every Pod interactive {back_after:.1f} s later; "
+        f"{len(records)} requests through the Service, {len(failed)} failed"
+    )
+    assert len(records) > 500
+    assert failed == [], failed[:5]
+
+
+@pytest.mark.timeout(300)
+def test_a_policy_edited_mid_rollout_converges_on_its_newest_spec(
+    kube: Kube, namespace: str, start_operator: StartOperator
+) -> None:
+    ips = start_fleet(kube, namespace, start_operator, 3)
+    operators.apply_policy(
+        kube, namespace, fleet.policy(**ONE_AT_A_TIME, defaultProfile="interactive")
+    )
+    waiting.wait_for("the rollout half way", some_switched(ips, "interactive"), timeout=40)
+    # An override back to bulk while interactive rolls out: bulk must win everywhere.
+    override = {"profile": "bulk", "reason": "desk closed early"}
+    operators.apply_policy(
+        kube,
+        namespace,
+        fleet.policy(**ONE_AT_A_TIME, defaultProfile="interactive", override=override),
+    )
+    waiting.wait_for("bulk everywhere", fleet.everyone_serves(ips, "bulk"), timeout=90)
+    waiting.wait_for("every gate True", all_gates_open(kube, namespace, ips), timeout=30)
+
+    def settled() -> dict[str, Any] | None:
+        status = operators.policy_status(kube, namespace, "fleet")
+        done = status.get("activeProfile") == "bulk" and status["targets"]["updated"] == 3
+        return status if done else None
+
+    status = waiting.wait_for("the status on bulk, 3/3", settled, timeout=30)
+    assert status["reason"].endswith("desk closed early")
+    assert set(target_states(kube, namespace).values()) == {"Updated"}
+
+
+@pytest.mark.timeout(240)
+def test_a_policy_deleted_mid_rollout_leaves_no_pod_out_of_its_services(
+    kube: Kube, namespace: str, start_operator: StartOperator
+) -> None:
+    ips = fleet.start_tritons(kube, namespace, 3, gated=True)
+    start_operator(interval=2.0, extra=SETTLE)
+    operators.apply_policy(kube, namespace, fleet.policy(**ONE_AT_A_TIME))
+    waiting.wait_for("bulk everywhere", fleet.everyone_serves(ips, "bulk"), timeout=60)
+    operators.apply_policy(kube, namespace, fleet.policy(**ONE_AT_A_TIME, override=INTERACTIVE))
+    waiting.wait_for(
+        "a Pod out of its Services",
+        lambda: not all_gates_open(kube, namespace, ips)(),
+        timeout=40,
+        interval=0.05,
+    )
+    deleted = kube.kubectl_run("delete", "bp", "fleet", "-n", namespace, "--timeout=30s")
+    assert deleted.returncode == 0, deleted.stderr
+    waiting.wait_for("every gate True", all_gates_open(kube, namespace, ips), timeout=30)
+    # Nothing switches them any more: what each serves stays as it was.
+    served = {pod: fleet.served_profile(ip) for pod, ip in ips.items()}
+    time.sleep(5)
+    assert {pod: fleet.served_profile(ip) for pod, ip in ips.items()} == served
+    assert all_gates_open(kube, namespace, ips)()
+
+
+@pytest.mark.timeout(300)
+def test_a_hung_sidecar_hands_the_decision_back_after_the_grace_period_and_takes_it_again(
+    kube: Kube, namespace: str, start_operator: StartOperator, client_host: podnetwork.Host
+) -> None:
+    """The load rule holds bulk while requests arrive faster than 20/s. A sidecar that stops
+    answering (SIGSTOP: alive, silent) is missing signal, not evidence: the rule keeps holding
+    for the grace period, then the default profile applies, and the condition says why."""
+    ips = fleet.start_tritons(kube, namespace, 1)
+    (ip,) = ips.values()
+    start_operator(interval=2.0)
+    rule = {"profile": "bulk", "metric": "requestRate", "above": 20, "below": 10, "for": "2s"}
+    operators.apply_policy(
+        kube,
+        namespace,
+        fleet.policy(defaultProfile="interactive", load={"source": "sidecar", "rules": [rule]}),
+    )
+    with clients.load_on_each(client_host, ips, rate=50) as loads:
+        waiting.wait_for("bulk under load", fleet.everyone_serves(ips, "bulk"), timeout=60)
+        sidecar = fleet.process_in_pod(ip, "batchpilot_sidecar")
+        os.kill(sidecar, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        try:
+
+            def signals_unavailable() -> dict[str, Any] | None:
+                status = operators.policy_status(kube, namespace, "fleet")
+                found = operators.condition(status, "SignalsUnavailable")
+                return found if found.get("status") == "True" else None
+
+            unavailable = waiting.wait_for("SignalsUnavailable", signals_unavailable, timeout=30)
+            assert fleet.served_profile(ip) == "bulk", "let go before the grace period"
+            waiting.wait_for(
+                "interactive once the grace period is over",
+                fleet.everyone_serves(ips, "interactive"),
+                timeout=90,
+            )
+            fell_back_after = time.monotonic() - stopped_at
+        finally:
+            os.kill(sidecar, signal.SIGCONT)
+        resumed_at = time.monotonic()
+        waiting.wait_for("bulk again", fleet.everyone_serves(ips, "bulk"), timeout=60)
+        back_after = time.monotonic() - resumed_at
+        waiting.wait_for(
+            "SignalsUnavailable cleared",
+            lambda: (
+                operators.condition(
+                    operators.policy_status(kube, namespace, "fleet"), "SignalsUnavailable"
+                ).get("status")
+                == "False"
+            ),
+            timeout=30,
+        )
+    records = loads.records["triton-0"]
+    print(
+        f"\nhung sidecar: {unavailable['message']!r}; interactive {fell_back_after:.1f} s after "
+        f"it hung, bulk {back_after:.1f} s after it resumed; "
+        f"{len(failures(records))} of {len(records)} requests failed"
+    )
+    assert fell_back_after >= 30 - 2, "the rule let go before its grace period"
+    assert failures(records) == []
+
+
+def decisions_made(operator: OperatorProcess) -> float:
+    """How many reconciles the operator has made: one decision each."""
+    families = text_string_to_metric_families(operator.metrics())
+    return sum(
+        sample.value
+        for family in families
+        if family.name == telemetry.DECISIONS.removesuffix("_total")
+        for sample in family.samples
+        if sample.name == telemetry.DECISIONS
+    )
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("component", ["kube-apiserver", "etcd"])
+def test_after_a_control_plane_restart_watches_resume_and_the_next_boundary_is_met(
+    kube: Kube,
+    namespace: str,
+    start_operator: StartOperator,
+    client_host: podnetwork.Host,
+    local_cluster: controlplane.Cluster,
+    component: str,
+) -> None:
+    """The API is down for 5 s. After it: a spec change reaches the operator (its watch came
+    back), the change's own end (an override expiring) is met on time, and the operator does
+    not storm the API server with reconciles."""
+    interval = 2.0
+    # Clients straight to the Pods make every drain run to its timeout: keep that short.
+    quick: dict[str, Any] = {"rollout": {"maxUnavailable": 2, "drainTimeoutSeconds": 1}}
+    ips = fleet.start_tritons(kube, namespace, 2, gated=True)
+    operator = start_operator(interval=interval)
+    operators.apply_policy(kube, namespace, fleet.policy(**quick))
+    waiting.wait_for("bulk everywhere", fleet.everyone_serves(ips, "bulk"), timeout=60)
+    waiting.wait_for("every gate True", all_gates_open(kube, namespace, ips), timeout=30)
+    with clients.load_on_each(client_host, ips, rate=20) as loads:
+        before = decisions_made(operator)
+        unavailable = controlplane.restart(local_cluster, component, down_seconds=5)
+        restarted_at = time.monotonic()
+        until = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+        until += datetime.timedelta(seconds=25)
+        override = {**INTERACTIVE, "until": until.strftime("%Y-%m-%dT%H:%M:%SZ")}
+        operators.apply_policy(kube, namespace, fleet.policy(**quick, override=override))
+        waiting.wait_for(
+            "interactive: the watch is back",
+            fleet.everyone_serves(ips, "interactive"),
+            timeout=60,
+        )
+        seen_after = time.monotonic() - restarted_at
+        time.sleep(max((until - datetime.datetime.now(datetime.UTC)).total_seconds(), 0))
+        waiting.wait_for(
+            "bulk once the override expired", fleet.everyone_serves(ips, "bulk"), timeout=30
+        )
+        late = (datetime.datetime.now(datetime.UTC) - until).total_seconds()
+        reconciles = decisions_made(operator) - before
+        elapsed = time.monotonic() - restarted_at + unavailable
+        waiting.wait_for("every gate True", all_gates_open(kube, namespace, ips), timeout=30)
+    failed = {pod: failures(loads.records[pod]) for pod in ips}
+    print(
+        f"\n{component} down {unavailable:.1f} s: the next change served {seen_after:.1f} s "
+        f"after it was back, the override's end met {late:.1f} s late, {reconciles:.0f} "
+        f"reconciles in {elapsed:.0f} s (interval {interval:g} s); failed requests "
+        f"{ {pod: len(f) for pod, f in failed.items()} }"
+    )
+    assert operator.alive()
+    assert late <= interval + 5, "the override's end was missed"
+    # One pass per interval, one per spec change and Pod change, and a few retries: no storm.
+    assert reconciles <= 3 * elapsed / interval + 10, "a reconcile storm"
+    assert all(f == [] for f in failed.values()), failed
+
+
+@pytest.mark.timeout(240)
+def test_the_leader_stopped_while_a_gate_is_false_leaves_the_follower_to_restore_it(
+    kube: Kube, namespace: str, start_operator: StartOperator
+) -> None:
+    """Deleting the active operator's Pod sends it SIGTERM: kopf cancels its rollout, perhaps
+    with a Pod out of its Services; the follower that takes over must bring it back."""
+    operators.create_peering(kube, namespace)
+    ips = fleet.start_tritons(kube, namespace, 3, gated=True)
+    leader = start_operator(standalone=False, extra=["--priority", "20", *SETTLE])
+    follower = start_operator(standalone=False, extra=["--priority", "10", *SETTLE])
+    operators.apply_policy(kube, namespace, fleet.policy(**ONE_AT_A_TIME))
+    waiting.wait_for("bulk everywhere", fleet.everyone_serves(ips, "bulk"), timeout=60)
+    waiting.wait_for("every gate True", all_gates_open(kube, namespace, ips), timeout=30)
+    operators.apply_policy(kube, namespace, fleet.policy(**ONE_AT_A_TIME, override=INTERACTIVE))
+    waiting.wait_for(
+        "a Pod out of its Services",
+        lambda: not all_gates_open(kube, namespace, ips)(),
+        timeout=40,
+        interval=0.05,
+    )
+    leader.stop()
+    left = {pod for pod in ips if not fleet.gate_open(kube, namespace, pod)}
+    waiting.wait_for(
+        "interactive everywhere", fleet.everyone_serves(ips, "interactive"), timeout=90
+    )
+    waiting.wait_for("every gate True", all_gates_open(kube, namespace, ips), timeout=30)
+    print(f"\nthe leader stopped with {sorted(left) or 'no'} gate(s) False")
+    assert "Resuming operations after the pause" in follower.log
