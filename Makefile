@@ -64,15 +64,16 @@ unit: venv
 integration: venv deps k8s-bins grafana
 	$(PY) -m pytest tests/integration
 
-# The benchmarks with their full figures, one after another (about 50 minutes on 2 cores: the policy
-# day alone is about 32 minutes); figures, JSON, Markdown and plots go to .bench/. The switch and
-# scale benchmarks use this checkout's local control plane, starting one if none is up.
+# The benchmarks with their full figures, one after another (about 80 minutes on 2 cores: the policy
+# day is about 32 minutes, the chaos soak 30); figures, JSON, Markdown and plots go to .bench/.
+# The cluster benchmarks use this checkout's local control plane, starting one if none is up.
 bench: venv deps k8s-bins
 	$(PY) tests/benchmarks/bench_sidecar.py
 	$(PY) tests/benchmarks/bench_policy.py
 	$(PY) tests/benchmarks/bench_switch.py
 	$(PY) tests/benchmarks/bench_scale.py
 	$(PY) tests/benchmarks/bench_boundary.py
+	$(PY) tests/benchmarks/bench_chaos.py
 
 # Their short modes, as CI runs them: figures printed, nothing about speed asserted.
 bench-short: venv deps k8s-bins

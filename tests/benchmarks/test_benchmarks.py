@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import bench_boundary
+import bench_chaos
 import bench_policy
 import bench_scale
 import bench_sidecar
@@ -42,6 +43,12 @@ Main = Callable[[Sequence[str] | None], int]
             bench_boundary.main,
             "share of requests after the boundary on the old profile",
             id="boundary",
+            marks=pytest.mark.timeout(500),
+        ),
+        pytest.param(
+            bench_chaos.main,
+            "targets left wrong at the end",
+            id="chaos",
             marks=pytest.mark.timeout(500),
         ),
         pytest.param(

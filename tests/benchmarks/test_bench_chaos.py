@@ -1,0 +1,63 @@
+"""The chaos soak's accounting on made-up faults, samples and records."""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+from typing import Any, cast
+
+import bench_chaos
+from e2e import clients, faults
+
+from batchpilot_harness import loadgen
+
+
+def test_the_schedule_alternates_every_window_from_the_next_minute() -> None:
+    start = datetime.datetime(2026, 11, 23, 10, 58, 30, tzinfo=datetime.UTC)
+    found = bench_chaos.windows(start, minutes=6)
+    assert [(w["start"], w["end"]) for w in found[:2]] == [("10:59", "11:01"), ("11:03", "11:05")]
+    assert bench_chaos.scheduled(found, start) == "bulk"
+    assert bench_chaos.scheduled(found, start.replace(minute=59, second=1)) == "interactive"
+    assert bench_chaos.scheduled(found, start.replace(hour=11, minute=1, second=0)) == "bulk"
+
+
+def sample(at: float, served: str, gate: bool = True) -> bench_chaos.Sample:
+    return bench_chaos.Sample(
+        at=at, expected="bulk", served={"triton-0": served, "triton-1": "bulk"},
+        gates={"triton-0": gate, "triton-1": True},
+    )  # fmt: skip
+
+
+def failed(pod_sent: float) -> loadgen.RequestRecord:
+    return loadgen.RequestRecord(
+        phase=0, scheduled=pod_sent, sent=pod_sent, latency=0.01, status=None, error="refused"
+    )
+
+
+def test_failures_count_inside_their_pod_s_fault_until_it_reconverged_and_outside_else() -> None:
+    plan = bench_chaos.Plan(replicas=2, kinds=("triton-kill",), gap_seconds=30, hold_seconds=5)
+    soak = bench_chaos.Soak(
+        cast(Any, None), Path("."), "ns", {"triton-0": "a", "triton-1": "b"}, [], plan, Path(".")
+    )
+    soak.faults = [faults.Fault(kind="triton-kill", pod="triton-0", injected=110.0, healed=110.0)]
+    soak.samples = [
+        sample(100.0, "bulk"),
+        sample(111.0, "unknown", gate=False),
+        sample(118.0, "bulk", gate=False),
+        sample(121.0, "bulk"),
+    ]
+    loads = clients.PodLoads(origin=100.0)
+    loads.records = {
+        "triton-0": [failed(12.0), failed(19.0), failed(25.0)],  # 112 and 119: inside; 125: out
+        "triton-1": [failed(15.0)],
+    }
+    report = bench_chaos.analyse(soak, loads, switches=4, wrong=[], started=100.0)
+    (kind,) = report.kinds
+    assert kind.count == 1
+    assert kind.reconverge_seconds == [11.0]
+    assert kind.failed_inside == 2
+    assert report.failed_outside == 2
+    assert report.requests == 4
+    text = bench_chaos.render(report, markdown=False)
+    assert "failed outside faulted Pods: 2" in text
+    assert "targets left wrong at the end: 0" in text
