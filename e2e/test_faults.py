@@ -5,18 +5,20 @@ policy itself, the operator) and checks what must hold afterwards: every target 
 profile, every gate True, the status truthful, and no failed request outside the faulted Pod.
 """
 
+import contextlib
 import datetime
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from batchpilot import telemetry
-from batchpilot_harness import loadgen
+from batchpilot_harness import loadgen, local_prometheus
 from batchpilot_triton import endpoints
 from e2e import clients, fleet, operators, waiting
 from e2e.cluster import controlplane, podnetwork
@@ -262,61 +264,98 @@ def test_a_policy_deleted_mid_rollout_leaves_no_pod_out_of_its_services(
     assert all_gates_open(kube, namespace, ips)()
 
 
+@contextlib.contextmanager
+def signal_source(
+    source: str, namespace: str, pod: str, ip: str, directory: Path
+) -> Iterator[tuple[dict[str, Any], Callable[[], None], Callable[[], None]]]:
+    """The policy's `load` fields for `source`, and how to silence it and bring it back: a
+    sidecar hung (SIGSTOP: alive, silent), or a real Prometheus scraping the Pod's Triton and
+    sidecar (with the labels Kubernetes service discovery gives) stopped and started again."""
+    if source == "sidecar":
+        sidecar = fleet.process_in_pod(ip, "batchpilot_sidecar")
+        resumed = False
+
+        def resume() -> None:
+            nonlocal resumed
+            os.kill(sidecar, signal.SIGCONT)
+            resumed = True
+
+        try:
+            yield {"source": "sidecar"}, lambda: os.kill(sidecar, signal.SIGSTOP), resume
+        finally:
+            if not resumed:
+                os.kill(sidecar, signal.SIGCONT)
+        return
+    labels = {"namespace": namespace, "pod": pod}
+    ports = (endpoints.TRITON_METRICS_PORT, endpoints.SIDECAR_PORT)
+    server = local_prometheus.PrometheusServer(
+        directory / "prometheus",
+        [local_prometheus.ScrapeTarget(f"{ip}:{port}", labels) for port in ports],
+    )
+    server.start()
+    try:
+        yield {"source": "prometheus", "prometheus": {"url": server.url}}, server.stop, server.start
+    finally:
+        server.stop()
+
+
 @pytest.mark.timeout(300)
-def test_a_hung_sidecar_hands_the_decision_back_after_the_grace_period_and_takes_it_again(
-    kube: Kube, namespace: str, start_operator: StartOperator, client_host: podnetwork.Host
+@pytest.mark.parametrize("source", ["sidecar", "prometheus"])
+def test_a_silent_signal_source_hands_the_decision_back_after_the_grace_period_and_takes_it_again(
+    kube: Kube,
+    namespace: str,
+    start_operator: StartOperator,
+    client_host: podnetwork.Host,
+    tmp_path: Path,
+    source: str,
 ) -> None:
-    """The load rule holds bulk while requests arrive faster than 20/s. A sidecar that stops
-    answering (SIGSTOP: alive, silent) is missing signal, not evidence: the rule keeps holding
-    for the grace period, then the default profile applies, and the condition says why."""
+    """The load rule holds bulk while requests arrive faster than 20/s. A signal source that
+    stops answering is missing signal, not evidence: the rule keeps holding for the grace period,
+    then the default profile applies, the condition says why, and the rule takes over again once
+    the source is back."""
     ips = fleet.start_tritons(kube, namespace, 1)
-    (ip,) = ips.values()
+    ((pod, ip),) = ips.items()
     start_operator(interval=2.0)
     rule = {"profile": "bulk", "metric": "requestRate", "above": 20, "below": 10, "for": "2s"}
-    operators.apply_policy(
-        kube,
-        namespace,
-        fleet.policy(defaultProfile="interactive", load={"source": "sidecar", "rules": [rule]}),
-    )
-    with clients.load_on_each(client_host, ips, rate=50) as loads:
+    with (
+        signal_source(source, namespace, pod, ip, tmp_path) as (load, silence, restore),
+        clients.load_on_each(client_host, ips, rate=50) as loads,
+    ):
+        operators.apply_policy(
+            kube,
+            namespace,
+            fleet.policy(defaultProfile="interactive", load={**load, "rules": [rule]}),
+        )
         waiting.wait_for("bulk under load", fleet.everyone_serves(ips, "bulk"), timeout=60)
-        sidecar = fleet.process_in_pod(ip, "batchpilot_sidecar")
-        os.kill(sidecar, signal.SIGSTOP)
-        stopped_at = time.monotonic()
-        try:
+        silence()
+        silenced_at = time.monotonic()
 
-            def signals_unavailable() -> dict[str, Any] | None:
-                status = operators.policy_status(kube, namespace, "fleet")
-                found = operators.condition(status, "SignalsUnavailable")
-                return found if found.get("status") == "True" else None
+        def signals_unavailable() -> dict[str, Any] | None:
+            status = operators.policy_status(kube, namespace, "fleet")
+            found = operators.condition(status, "SignalsUnavailable")
+            return found if found.get("status") == "True" else None
 
-            unavailable = waiting.wait_for("SignalsUnavailable", signals_unavailable, timeout=30)
-            assert fleet.served_profile(ip) == "bulk", "let go before the grace period"
-            waiting.wait_for(
-                "interactive once the grace period is over",
-                fleet.everyone_serves(ips, "interactive"),
-                timeout=90,
-            )
-            fell_back_after = time.monotonic() - stopped_at
-        finally:
-            os.kill(sidecar, signal.SIGCONT)
-        resumed_at = time.monotonic()
+        unavailable = waiting.wait_for("SignalsUnavailable", signals_unavailable, timeout=30)
+        assert fleet.served_profile(ip) == "bulk", "let go before the grace period"
+        waiting.wait_for(
+            "interactive once the grace period is over",
+            fleet.everyone_serves(ips, "interactive"),
+            timeout=90,
+        )
+        fell_back_after = time.monotonic() - silenced_at
+        restore()
+        restored_at = time.monotonic()
         waiting.wait_for("bulk again", fleet.everyone_serves(ips, "bulk"), timeout=60)
-        back_after = time.monotonic() - resumed_at
+        back_after = time.monotonic() - restored_at
         waiting.wait_for(
             "SignalsUnavailable cleared",
-            lambda: (
-                operators.condition(
-                    operators.policy_status(kube, namespace, "fleet"), "SignalsUnavailable"
-                ).get("status")
-                == "False"
-            ),
+            lambda: signals_unavailable() is None,
             timeout=30,
         )
-    records = loads.records["triton-0"]
+    records = loads.records[pod]
     print(
-        f"\nhung sidecar: {unavailable['message']!r}; interactive {fell_back_after:.1f} s after "
-        f"it hung, bulk {back_after:.1f} s after it resumed; "
+        f"\n{source} silent: {unavailable['message']!r}; interactive {fell_back_after:.1f} s "
+        f"after, bulk {back_after:.1f} s after it was back; "
         f"{len(failures(records))} of {len(records)} requests failed"
     )
     assert fell_back_after >= 30 - 2, "the rule let go before its grace period"
