@@ -105,11 +105,12 @@ e2e: venv deps k8s-bins
 	$(PY) -m pytest e2e --e2e
 
 # Everything CI runs (.ci/run): linters, unit and integration tests, the e2e suite, and the
-# benchmarks in their short modes (figures printed, nothing about speed asserted).
+# benchmarks in their short modes (figures printed, nothing about speed asserted). Each run lists
+# its slowest tests, to keep the whole under 45 minutes.
 test: lint deps k8s-bins grafana
-	$(PY) -m pytest tests
-	$(PY) -m pytest e2e --e2e
-	$(PY) -m pytest tests/benchmarks -m benchmark -s
+	$(PY) -m pytest tests --durations=15
+	$(PY) -m pytest e2e --e2e --durations=15
+	$(PY) -m pytest tests/benchmarks -m benchmark -s --durations=0
 
 # The e2e control plane: Kubernetes, etcd, kwok and helm built from Go modules once per version
 # into ${BATCHPILOT_CACHE:-~/.cache/batchpilot} (slow the first time), run on loopback from .run/.

@@ -58,7 +58,7 @@ class Plan:
 
 def plan(*, short: bool, replicas: int | None) -> Plan:
     if short:
-        return Plan(replicas=replicas or 2, ahead_seconds=40.0)
+        return Plan(replicas=replicas or 2, ahead_seconds=20.0)
     return Plan(replicas=replicas or 8, ahead_seconds=60.0)
 
 
