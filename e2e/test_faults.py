@@ -273,18 +273,14 @@ def signal_source(
     sidecar (with the labels Kubernetes service discovery gives) stopped and started again."""
     if source == "sidecar":
         sidecar = fleet.process_in_pod(ip, "batchpilot_sidecar")
-        resumed = False
-
-        def resume() -> None:
-            nonlocal resumed
-            os.kill(sidecar, signal.SIGCONT)
-            resumed = True
-
         try:
-            yield {"source": "sidecar"}, lambda: os.kill(sidecar, signal.SIGSTOP), resume
+            yield (
+                {"source": "sidecar"},
+                lambda: os.kill(sidecar, signal.SIGSTOP),
+                lambda: os.kill(sidecar, signal.SIGCONT),
+            )
         finally:
-            if not resumed:
-                os.kill(sidecar, signal.SIGCONT)
+            os.kill(sidecar, signal.SIGCONT)  # a second SIGCONT changes nothing
         return
     labels = {"namespace": namespace, "pod": pod}
     ports = (endpoints.TRITON_METRICS_PORT, endpoints.SIDECAR_PORT)

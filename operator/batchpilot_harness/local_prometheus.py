@@ -68,10 +68,8 @@ class PrometheusServer:
         directory: Path,
         targets: Sequence[ScrapeTarget],
         rule_files: Sequence[Path] = (),
-        *,
-        program: str | None = None,
     ) -> None:
-        found = program or binary()
+        found = binary()
         if found is None:
             raise FileNotFoundError("no prometheus binary (Debian package `prometheus`)")
         directory.mkdir(parents=True, exist_ok=True)
