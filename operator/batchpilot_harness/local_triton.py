@@ -157,10 +157,30 @@ def prepare_backend_directory(
     return backend_directory
 
 
+def with_python_backends(backend_directory: Path, backends: Mapping[str, Path], into: Path) -> Path:
+    """A `--backend-directory` with Python-based backends (a directory holding `model.py`, for
+    `backend: "<name>"` in a model config) beside the Python backend of `backend_directory`."""
+    into.mkdir(parents=True, exist_ok=True)
+    python = into / "python"
+    if not python.is_symlink():
+        python.symlink_to(backend_directory / "python", target_is_directory=True)
+    for name, source in backends.items():
+        if not (source / "model.py").is_file():
+            raise LocalTritonError(f"Python-based backend {name!r}: no model.py in {source}")
+        shutil.rmtree(into / name, ignore_errors=True)
+        shutil.copytree(source, into / name, ignore=shutil.ignore_patterns("__pycache__"))
+    return into
+
+
 def server_environment(
-    distribution: TritonDistribution, *, base: Mapping[str, str], device_lock: Path
+    distribution: TritonDistribution,
+    *,
+    base: Mapping[str, str],
+    device_lock: Path,
+    interpreter: Path | None = None,
 ) -> dict[str, str]:
-    """The environment under which the server and its Python stubs use this interpreter."""
+    """The environment under which the server and its Python stubs use `interpreter` (default:
+    this one) and its virtualenv."""
     environment = dict(base)
     library_dirs = [str(distribution.shared_libraries)]
     if sysconfig.get_config_var("Py_ENABLE_SHARED"):
@@ -170,7 +190,7 @@ def server_environment(
     environment["LD_LIBRARY_PATH"] = os.pathsep.join(library_dirs)
     # sys.executable, not its resolved target: a virtualenv is recognised by the pyvenv.cfg
     # next to (or above) the `python3` found on PATH.
-    interpreter_bin = str(Path(sys.executable).parent)
+    interpreter_bin = str((interpreter or Path(sys.executable)).parent)
     environment["PATH"] = os.pathsep.join(
         part for part in (interpreter_bin, environment.get("PATH", "")) if part
     )
@@ -282,6 +302,8 @@ class LocalTriton:
         extra_arguments: Sequence[str] = (),
         environment: Mapping[str, str] | None = None,
         distribution: TritonDistribution | None = None,
+        interpreter: Path | None = None,
+        python_backends: Mapping[str, Path] | None = None,
     ) -> None:
         self.model_repository = model_repository.resolve()
         self.models = tuple(models)
@@ -291,6 +313,11 @@ class LocalTriton:
         self.extra_arguments = tuple(extra_arguments)
         self.environment = dict(environment or {})
         """Variables set for the server on top of ours (CUDA_VISIBLE_DEVICES, for one)."""
+        self.interpreter = interpreter
+        """The Python (of a virtualenv) the Python stubs run with; default: this one. It must be
+        the same Python version as this one: the stub is chosen for it."""
+        self.python_backends = dict(python_backends or {})
+        """Python-based backends the server offers, by name: directories holding `model.py`."""
         self._requested_ports = (http_port, grpc_port, metrics_port)
         self._requested_run_directory = run_directory
         self._log_to_console = log_to_console
@@ -330,11 +357,16 @@ class LocalTriton:
             http, grpc, metrics = (port or next(automatic) for port in wanted)
             self._ports = Ports(http=http, grpc=grpc, metrics=metrics)
 
+        if self.python_backends:
+            backend_directory = with_python_backends(
+                backend_directory, self.python_backends, into=self._run_directory / "backends"
+            )
         command = self.command(distribution=distribution, backend_directory=backend_directory)
         environment = server_environment(
             distribution,
             base={**os.environ, **self.environment},
             device_lock=self._run_directory / "device.lock",
+            interpreter=self.interpreter,
         )
         self._started_at = time.monotonic()
         if self._log_to_console:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from batchpilot_sidecar import gpus, steptimes
-from batchpilot_triton import modelconfigs, scraping, servers
+from batchpilot_triton import engine_metrics, modelconfigs, scraping, servers
 
 logger = logging.getLogger("batchpilot.sidecar")
 
@@ -134,7 +134,10 @@ def sum_rates(intervals: Collection[scraping.ModelRates]) -> scraping.ModelRates
     )
     latest = list(intervals)[-1]
     return dataclasses.replace(
-        latest, seconds=sum(rates.seconds for rates in intervals), counted=counted
+        latest,
+        seconds=sum(rates.seconds for rates in intervals),
+        counted=counted,
+        engine=engine_metrics.summed(rates.engine for rates in intervals),
     )
 
 

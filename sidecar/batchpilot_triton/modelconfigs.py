@@ -9,6 +9,8 @@ batchpilot keeps its own facts about a model in config parameters, named here on
 - `batchpilot.dev/baseline-max-batch-size`: the model's own `max_batch_size` from its
   repository, which a profile may lower but never raise. A restarted server forgets both, which
   is exactly right: its config is the repository's again;
+- `batchpilot.dev/engine-arguments`: for a model served by an LLM engine, the engine arguments
+  (JSON) batchpilot wrote into its `model.json`, which the served config does not otherwise show;
 - `batchpilot.dev/memory-per-item-bytes`: declared by the model's author, the device memory one
   more batch item takes, for the sidecar's memory cap on the preferred batch size.
 """
@@ -21,6 +23,7 @@ from typing import Any
 
 PROFILE_PARAMETER = "batchpilot.dev/profile"
 BASELINE_PARAMETER = "batchpilot.dev/baseline-max-batch-size"
+ENGINE_ARGUMENTS_PARAMETER = "batchpilot.dev/engine-arguments"
 MEMORY_PER_ITEM_PARAMETER = "batchpilot.dev/memory-per-item-bytes"
 
 ModelConfig = dict[str, Any]

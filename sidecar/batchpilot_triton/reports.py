@@ -280,6 +280,29 @@ class RecommendationReport:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class LlmReport:
+    """What an LLM engine measured itself over the rate window (Triton's vLLM backend with
+    REPORT_CUSTOM_METRICS): quantiles are null without observations."""
+
+    __pydantic_config__: ClassVar[Mapping[str, Any]] = _WIRE
+
+    ttft_p50_ms: float | None
+    ttft_p95_ms: float | None
+    """Time to first token, from the request's arrival in the engine."""
+    inter_token_p50_ms: float | None
+    inter_token_p95_ms: float | None
+    """Time between consecutive tokens of a request, in the engine."""
+    first_tokens: float
+    """Requests that got their first token in the window."""
+    output_tokens_per_second: float
+    prompt_tokens_per_second: float
+    running_sequences: float
+    waiting_sequences: float
+    kv_cache_usage: float | None
+    """Fraction of the KV cache in use (0..1), when exported."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelReport:
     """One model: its window, rates, latency, served config, step-time fit and recommendation.
     The rates are null when no window has been measured yet."""
@@ -304,6 +327,8 @@ class ModelReport:
     config_error: str | None
     step_time: StepTimeReport
     recommendation: RecommendationReport
+    llm: LlmReport | None = None
+    """For a model served by an LLM engine that exports its metrics."""
 
     def rates(self) -> scraping.ModelRates | None:
         """The window as the rates Triton's own pages give, with measured quantiles only."""

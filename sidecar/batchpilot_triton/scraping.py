@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from batchpilot_triton import engine_metrics
+
 # Families by the name the Prometheus parser gives them (counters lose their `_total`),
 # mapped to the ModelCounters field they add to.
 COUNTER_FIELDS = {
@@ -102,6 +104,8 @@ class Snapshot:
     request_quantiles_us: Mapping[str, Mapping[float, float]] = field(default_factory=dict)
     """Per model: quantile -> microseconds, the worst version's."""
     summaries_enabled: bool = False
+    engine_counters: Mapping[SeriesKey, float] = field(default_factory=dict)
+    """An LLM engine's counters and histogram samples, keyed by sample name."""
 
     def models(self) -> set[str]:
         return {
@@ -130,6 +134,7 @@ def parse(text: str, *, taken_at: float = 0.0) -> Snapshot:
     gauges: dict[SeriesKey, float] = {}
     quantiles: dict[str, dict[float, float]] = {}
     summaries_enabled = False
+    engine: dict[SeriesKey, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             key = (family.name, frozenset(sample.labels.items()))
@@ -137,13 +142,18 @@ def parse(text: str, *, taken_at: float = 0.0) -> Snapshot:
                 counters[key] = sample.value
             elif family.name == PENDING or family.name in _GPU_GAUGES:
                 gauges[key] = sample.value
+            elif engine_metrics.is_counted(family.name):
+                if not sample.name.endswith("_created"):
+                    engine[(sample.name, frozenset(sample.labels.items()))] = sample.value
+            elif family.name in engine_metrics.GAUGES:
+                gauges[key] = sample.value
             elif family.name == REQUEST_SUMMARY_US and "model" in sample.labels:
                 summaries_enabled = True
                 if "quantile" in sample.labels and sample.value == sample.value:  # not NaN
                     per_model = quantiles.setdefault(sample.labels["model"], {})
                     quantile = float(sample.labels["quantile"])
                     per_model[quantile] = max(per_model.get(quantile, 0.0), sample.value)
-    return Snapshot(taken_at, counters, gauges, quantiles, summaries_enabled)
+    return Snapshot(taken_at, counters, gauges, quantiles, summaries_enabled, engine)
 
 
 def _sum(model: str, values: Mapping[SeriesKey, float]) -> ModelCounters:
@@ -162,9 +172,15 @@ def _sum_by_model(values: Mapping[SeriesKey, float]) -> dict[str, ModelCounters]
 
 
 def _increases(before: Snapshot, after: Snapshot) -> dict[SeriesKey, float]:
+    return _series_increases(before.counters, after.counters)
+
+
+def _series_increases(
+    before: Mapping[SeriesKey, float], after: Mapping[SeriesKey, float]
+) -> dict[SeriesKey, float]:
     increases = {}
-    for key, value in after.counters.items():
-        earlier = before.counters.get(key, 0.0)
+    for key, value in after.items():
+        earlier = before.get(key, 0.0)
         increases[key] = value - earlier if value >= earlier else value
     return increases
 
@@ -184,6 +200,8 @@ class ModelRates:
     p50_ms: float | None = None
     p95_ms: float | None = None
     p99_ms: float | None = None
+    engine: engine_metrics.EngineCounts | None = None
+    """For a model served by an LLM engine that exports its metrics: what the engine counted."""
 
     @property
     def request_rate(self) -> float:
@@ -201,6 +219,9 @@ def rates(before: Snapshot, after: Snapshot) -> dict[str, ModelRates]:
         model = dict(labels).get("model")
         if family == PENDING and model is not None:
             pending[model] = pending.get(model, 0.0) + value
+    engines = engine_metrics.engine_counts(
+        _series_increases(before.engine_counters, after.engine_counters), after.gauges
+    )
     found = {}
     for model in after.models():
         quantiles = after.request_quantiles_us.get(model, {})
@@ -216,5 +237,6 @@ def rates(before: Snapshot, after: Snapshot) -> dict[str, ModelRates]:
             p50_ms=quantile_ms(0.5),
             p95_ms=quantile_ms(0.95),
             p99_ms=quantile_ms(0.99),
+            engine=engines.get(model),
         )
     return found

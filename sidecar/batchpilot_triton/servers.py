@@ -7,11 +7,13 @@ turns Triton's and aiohttp's many failure shapes into a few errors the actuator 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import types
+from collections.abc import Mapping
 from typing import Any, Self
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import aiohttp
 import tritonclient.http.aio as triton_http
@@ -194,16 +196,51 @@ class TritonServer:
                 with contextlib.suppress(asyncio.CancelledError, TritonError):
                     await task
 
-    async def load(self, model: str, config: ModelConfig | None = None) -> None:
+    async def load(
+        self,
+        model: str,
+        config: ModelConfig | None = None,
+        *,
+        files: Mapping[str, bytes] | None = None,
+    ) -> None:
+        """Load (or reload) a model, with Triton's config override and `file:<path>` overrides;
+        with files, Triton loads the model from a directory holding only those files."""
         body = None if config is None else json.dumps(config)
+        request = (
+            self._load_with_files(model, body, files)
+            if files
+            else self._triton().load_model(model, config=body)
+        )
         try:
-            await self._while_live(
-                f"load of {model}", self._triton().load_model(model, config=body)
-            )
+            await self._while_live(f"load of {model}", request)
         except (Unreachable, ExplicitModeRequired):
             raise
         except TritonError as error:
             raise LoadRejected(self.url, error.message) from None
+
+    async def _load_with_files(
+        self, model: str, config: str | None, files: Mapping[str, bytes]
+    ) -> None:
+        # tritonclient's asyncio client cannot send files (it puts base64 bytes into json.dumps).
+        parameters: dict[str, str] = {
+            path: base64.b64encode(content).decode() for path, content in files.items()
+        }
+        if config is not None:
+            parameters["config"] = config
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                f"{self.url}/v2/repository/models/{quote(model, safe='')}/load",
+                json={"parameters": parameters},
+            ) as response,
+        ):
+            if response.status != 200:
+                answer = await response.text()
+                try:
+                    message = str(json.loads(answer).get("error", answer))
+                except ValueError:
+                    message = answer
+                raise InferenceServerException(msg=message, status=str(response.status))
 
     async def unload(self, model: str) -> None:
         await self._while_live(f"unload of {model}", self._triton().unload_model(model))

@@ -4,7 +4,10 @@ while the server answers, and is given up once it stops answering."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -15,13 +18,18 @@ from batchpilot_triton import servers
 class Scripted:
     """A Triton whose loads take `load_seconds` and whose liveness answers while `live`."""
 
-    def __init__(self, load_seconds: float) -> None:
+    def __init__(self, load_seconds: float, *, load_error: str | None = None) -> None:
         self.load_seconds = load_seconds
+        self.load_error = load_error
         self.live = True
         self.liveness_checks = 0
+        self.load_requests: list[dict[str, Any]] = []
 
     async def load(self, request: web.Request) -> web.Response:
+        self.load_requests.append(await request.json())
         await asyncio.sleep(self.load_seconds)
+        if self.load_error is not None:
+            return web.json_response({"error": self.load_error}, status=400)
         return web.json_response({})
 
     async def health(self, request: web.Request) -> web.Response:
@@ -78,3 +86,27 @@ async def test_a_load_on_a_server_that_stops_answering_is_given_up_as_unreachabl
         scripted.live = False
         with pytest.raises(servers.Unreachable, match="3 liveness checks missed in a row"):
             await triton.load("gpu_sim")
+
+
+@pytest.mark.timeout(10)
+async def test_a_load_with_files_sends_them_base64_encoded_beside_the_config(
+    serve: Serve,
+) -> None:
+    scripted = Scripted(load_seconds=0)
+    files = {"file:1/model.json": b'{"max_num_seqs": 4}'}
+    async with quick(await serve(scripted)) as triton:
+        await triton.load("tiny_llm", {"backend": "vllm"}, files=files)
+    (request,) = scripted.load_requests
+    parameters = request["parameters"]
+    assert json.loads(parameters["config"]) == {"backend": "vllm"}
+    assert base64.b64decode(parameters["file:1/model.json"]) == files["file:1/model.json"]
+
+
+@pytest.mark.timeout(10)
+async def test_a_load_with_files_that_triton_refuses_is_rejected_with_its_reason(
+    serve: Serve,
+) -> None:
+    scripted = Scripted(load_seconds=0, load_error="failed to load 'tiny_llm': bad engine args")
+    async with quick(await serve(scripted)) as triton:
+        with pytest.raises(servers.LoadRejected, match="bad engine args"):
+            await triton.load("tiny_llm", {"backend": "vllm"}, files={"file:1/model.json": b"{}"})

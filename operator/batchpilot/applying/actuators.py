@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from batchpilot.applying import overrides
+from batchpilot.applying import engines, overrides
 from batchpilot.policy import rendering
 from batchpilot_triton import modelconfigs, servers
 
@@ -53,28 +53,72 @@ async def apply_profile(
     profile: str,
     unload_first: bool = False,
     verify_timeout: float = 120.0,
+    engine_arguments: engines.EngineArgumentsSource | None = None,
 ) -> Applied:
-    """Make `model` on `server` run `profile`; raises ProfileRefused, ApplyFailed or TritonError."""
+    """Make `model` on `server` run `profile`; raises ProfileRefused, ApplyFailed or TritonError.
+
+    A model served by an LLM engine takes the profile's `llm` settings in its `model.json`, built
+    on the repository's, which `engine_arguments` reads."""
     clock = asyncio.get_running_loop().time
     started = clock()
     served = await server.model_config(model)
-    wanted = overrides.merge(served, settings, profile=profile, model=model)
     previous_profile = modelconfigs.applied_profile(served)
-    if overrides.matches(served, wanted):
-        return Applied(model, profile, previous_profile, False, clock() - started)
+    base: engines.RepositoryArguments | None = None
+    if engines.is_llm_engine(served):
+        if engines.runs(served, settings, profile=profile, model=model):
+            return Applied(model, profile, previous_profile, False, clock() - started)
+        if engine_arguments is None:
+            raise engines.EngineArgumentsUnavailable(
+                f"model {model!r} is served by Triton's vLLM backend: setting its engine "
+                "arguments needs its repository's model.json, and none was given to read it from"
+            )
+        base = await engine_arguments.repository_arguments(model)
+        wanted: overrides.Override = engines.merge(
+            served, base, settings, profile=profile, model=model
+        )
+    else:
+        wanted = overrides.merge(served, settings, profile=profile, model=model)
+        if overrides.matches(served, wanted):
+            return Applied(model, profile, previous_profile, False, clock() - started)
 
     try:
         if unload_first:
             await server.unload(model)
             await _unloaded(server, model, within=verify_timeout)
-        await server.load(model, wanted.config)
+        await server.load(model, wanted.config, files=_files(wanted))
         await _verify(server, model, wanted, within=verify_timeout)
     except (servers.LoadRejected, _NotVerified) as error:
-        rolled_back = await _restore(server, model, served, within=verify_timeout)
+        previous = (
+            overrides.Override(served, previous_profile or "")
+            if base is None
+            else engines.restoring(served, base)
+        )
+        rolled_back = await _restore(server, model, previous, within=verify_timeout)
         raise ApplyFailed(
             server.url, f"applying {profile} to {model} failed: {error}", rolled_back=rolled_back
         ) from None
     return Applied(model, profile, previous_profile, True, clock() - started)
+
+
+def runs(
+    served: modelconfigs.ModelConfig, settings: rendering.Settings, *, profile: str, model: str
+) -> bool:
+    """Whether a served model already runs the profile (raises ProfileRefused if it cannot)."""
+    if engines.is_llm_engine(served):
+        return engines.runs(served, settings, profile=profile, model=model)
+    return overrides.matches(
+        served, overrides.merge(served, settings, profile=profile, model=model)
+    )
+
+
+def _files(override: overrides.Override) -> dict[str, bytes] | None:
+    return override.files if isinstance(override, engines.EngineOverride) else None
+
+
+def _matches(served: modelconfigs.ModelConfig, wanted: overrides.Override) -> bool:
+    if engines.is_llm_engine(wanted.config):
+        return engines.matches(served, wanted)
+    return overrides.matches(served, wanted)
 
 
 class _NotVerified(Exception):
@@ -87,7 +131,7 @@ async def _verify(
     deadline = asyncio.get_running_loop().time() + within
     while True:
         try:
-            if await server.model_ready(model) and overrides.matches(
+            if await server.model_ready(model) and _matches(
                 await server.model_config(model), wanted
             ):
                 return
@@ -108,21 +152,12 @@ async def _unloaded(server: servers.TritonServer, model: str, *, within: float) 
 
 
 async def _restore(
-    server: servers.TritonServer,
-    model: str,
-    previous: modelconfigs.ModelConfig,
-    *,
-    within: float,
+    server: servers.TritonServer, model: str, previous: overrides.Override, *, within: float
 ) -> bool:
     """Load the previous configuration again; True once the server serves it."""
     try:
-        await server.load(model, previous)
-        await _verify(
-            server,
-            model,
-            overrides.Override(previous, modelconfigs.applied_profile(previous) or ""),
-            within=within,
-        )
+        await server.load(model, previous.config, files=_files(previous))
+        await _verify(server, model, previous, within=within)
     except (servers.TritonError, _NotVerified):
         return False
     return True

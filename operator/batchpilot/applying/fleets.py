@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Collection, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from batchpilot.applying import actuators, backoffs, overrides
+from batchpilot.applying import actuators, backoffs
 from batchpilot.policy import rendering
 from batchpilot_triton import scraping, servers
 
@@ -103,8 +103,7 @@ class TritonFleet:
     ) -> bool:
         """Whether the model already runs the profile (raises ProfileRefused if it cannot)."""
         served = await self._ask(url, lambda server: server.model_config(model))
-        wanted = overrides.merge(served, settings, profile=profile, model=model)
-        return overrides.matches(served, wanted)
+        return actuators.runs(served, settings, profile=profile, model=model)
 
     async def queue(self, url: str, models: Sequence[str]) -> QueueReading:
         """The models' queued requests and how many requests they have completed so far."""

@@ -21,6 +21,9 @@ class Settings:
     """Triton's `dynamic_batching` message, in the model-configuration JSON form."""
     max_batch_size: int | None
     """The cap on the model's max_batch_size, when the profile sets one."""
+    engine_arguments: dict[str, Any] | None = None
+    """For models served by an LLM engine: the engine arguments the profile sets, under vLLM's
+    names; None when the profile has no `llm` section."""
 
 
 def _queue_policy(policy: specs.QueuePolicy | None) -> dict[str, Any]:
@@ -53,4 +56,8 @@ def render(profile: specs.Profile, *, queue_delay_microseconds: int | None = Non
             for policy in sorted(profile.priority_queue_policy, key=lambda p: p.priority_level)
         },
     }
-    return Settings(dynamic_batching=dynamic_batching, max_batch_size=profile.max_batch_size)
+    return Settings(
+        dynamic_batching=dynamic_batching,
+        max_batch_size=profile.max_batch_size,
+        engine_arguments=None if profile.llm is None else profile.llm.engine_arguments(),
+    )

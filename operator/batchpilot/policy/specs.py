@@ -111,14 +111,57 @@ class PriorityQueuePolicy(QueuePolicy):
     """The priority level (1 is highest) this policy applies to."""
 
 
+class LlmEngine(Model):
+    """The batching knobs of an LLM engine behind Triton, which batches continuously inside the
+    engine instead of in Triton's dynamic batcher. For Triton's vLLM backend they become engine
+    arguments in the model's `model.json` (max_num_seqs, max_num_batched_tokens,
+    enable_chunked_prefill); a field left out keeps the value of the model's own `model.json`."""
+
+    max_num_seqs: Annotated[int, Field(ge=1, le=4096)] | None = None
+    """How many sequences the engine runs at once (vLLM max_num_seqs). Fewer keeps inter-token
+    latency low; more raises output tokens per second."""
+    max_num_batched_tokens: Annotated[int, Field(ge=1, le=1_048_576)] | None = None
+    """How many tokens one engine step may process (vLLM max_num_batched_tokens). Small values
+    with chunked prefill keep long prompts from stalling the running sequences."""
+    chunked_prefill: bool | None = None
+    """Split long prompts into chunks that share steps with decoding sequences (vLLM
+    enable_chunked_prefill)."""
+
+    cross_field_rules = (
+        validations.CrossFieldRule(
+            cel="!has(self.maxNumSeqs) || !has(self.maxNumBatchedTokens)"
+            " || self.maxNumBatchedTokens >= self.maxNumSeqs",
+            message="maxNumBatchedTokens must be at least maxNumSeqs: every running sequence "
+            "needs one token of each step",
+            field_path=".maxNumBatchedTokens",
+            holds=lambda e: (
+                e.max_num_seqs is None
+                or e.max_num_batched_tokens is None
+                or e.max_num_batched_tokens >= e.max_num_seqs
+            ),
+        ),
+    )
+
+    def engine_arguments(self) -> dict[str, Any]:
+        """The fields set, under vLLM's engine-argument names."""
+        named = {
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "enable_chunked_prefill": self.chunked_prefill,
+        }
+        return {name: value for name, value in named.items() if value is not None}
+
+
 class Profile(Model):
-    """One batching configuration, rendered into the model's `dynamic_batching` message.
+    """One batching configuration, rendered into the model's `dynamic_batching` message, or for
+    an LLM engine behind Triton into its engine arguments (`llm`).
 
     A profile owns the whole `dynamic_batching` message: a field left out takes Triton's default,
     so switching between profiles never depends on which profile was applied before."""
 
-    max_queue_delay_microseconds: QueueDelay
-    """How long Triton may hold a request to build a bigger batch (0..60,000,000 µs)."""
+    max_queue_delay_microseconds: QueueDelay = 0
+    """How long Triton may hold a request to build a bigger batch (0..60,000,000 µs; Triton's
+    default is 0)."""
     preferred_batch_sizes: Annotated[
         list[BatchSize],
         Field(max_length=16, json_schema_extra={"x-kubernetes-list-type": "set"}),
@@ -146,6 +189,9 @@ class Profile(Model):
         ),
     ] = []
     """Queue policies for individual priority levels."""
+    llm: LlmEngine | None = None
+    """Engine settings for the LLM models the policy governs (Triton's vLLM backend). A model
+    served by an LLM engine takes only these; the dynamic-batching fields apply to the others."""
     role: ProfileRole | None = None
     """What the profile is for: latency (answers fast, e.g. interactive) or throughput (spends
     latency on device efficiency, e.g. bulk). Alerts and dashboards group profiles by it. When

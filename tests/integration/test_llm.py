@@ -1,0 +1,221 @@
+"""LLM profiles against a real vLLM engine behind Triton: a switch under streaming load, the
+engine then running the new settings, and settings refused before any reload.
+
+One server for the module (an engine takes about 4 GiB and 30 s to start), built from the vLLM
+environment of `batchpilot_harness.llm_env` (built on first use, about 3 minutes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from batchpilot.applying import actuators, engines, overrides
+from batchpilot.policy import rendering, specs
+from batchpilot_harness import llm_load, llm_models, local_sidecar, local_triton, processes
+from batchpilot_triton import modelconfigs, servers
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+MODEL = llm_models.LLM_MODEL
+INTERACTIVE = specs.Profile.model_validate(
+    {"llm": {"maxNumSeqs": 2, "maxNumBatchedTokens": 256, "chunkedPrefill": True}}
+)
+
+
+@pytest.fixture(scope="module")
+def llm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_triton.LocalTriton]:
+    directory = tmp_path_factory.mktemp("llm")
+    repository = llm_models.write_repository(directory)
+    with llm_models.server(repository, run_directory=directory / "run") as server:
+        server.wait_ready(240)
+        yield server
+
+
+def repository_of(server: local_triton.LocalTriton) -> engines.ModelRepository:
+    return engines.ModelRepository(server.model_repository)
+
+
+def engine_gauges(server: local_triton.LocalTriton) -> tuple[float, float]:
+    """The engine's running and waiting requests, from Triton's metrics endpoint."""
+    with urllib.request.urlopen(server.metrics_url, timeout=5) as response:
+        page = response.read().decode()
+    running = waiting = 0.0
+    for line in page.splitlines():
+        if line.startswith("vllm:num_requests_running{"):
+            running = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("vllm:num_requests_waiting{"):
+            waiting = float(line.rsplit(" ", 1)[1])
+    return running, waiting
+
+
+async def most_running_in_a_burst(server: local_triton.LocalTriton, size: int = 8) -> float:
+    """Send `size` requests at once; the most the engine ran together while they lasted."""
+    burst = asyncio.create_task(
+        llm_load.open_loop(
+            server.grpc_address, rate=1000, seconds=size / 1000, prompt_tokens=32, output_tokens=96
+        )
+    )
+    most = 0.0
+    while not burst.done():
+        running, _ = await asyncio.to_thread(engine_gauges, server)
+        most = max(most, running)
+        await asyncio.sleep(0.02)
+    assert all(completion.ok for completion in await burst)
+    return most
+
+
+def stubs(server: local_triton.LocalTriton) -> set[int]:
+    """The Python stubs and engine processes of the server: a reload replaces them."""
+    return set(processes.group_members(server.pid)) - {server.pid}
+
+
+async def test_a_switch_under_streaming_load_fails_no_request_and_the_engine_runs_it(
+    llm_server: local_triton.LocalTriton,
+) -> None:
+    before = await most_running_in_a_burst(llm_server)
+    async with servers.TritonServer(
+        llm_server.http_url, metrics_url=llm_server.metrics_url
+    ) as server:
+        stop = asyncio.Event()
+        load = asyncio.create_task(
+            llm_load.open_loop(
+                llm_server.grpc_address,
+                rate=4,
+                seconds=150,
+                prompt_tokens=64,
+                output_tokens=24,
+                stop=stop,
+            )
+        )
+        await asyncio.sleep(3)
+        applied = await actuators.apply_profile(
+            server,
+            MODEL,
+            rendering.render(INTERACTIVE),
+            profile="interactive",
+            engine_arguments=repository_of(llm_server),
+            verify_timeout=180,
+        )
+        await asyncio.sleep(3)
+        stop.set()
+        completions = await load
+        served = await server.model_config(MODEL)
+        again = await actuators.apply_profile(
+            server,
+            MODEL,
+            rendering.render(INTERACTIVE),
+            profile="interactive",
+            engine_arguments=repository_of(llm_server),
+        )
+
+    assert applied.reloaded
+    failures = [completion.error for completion in completions if not completion.ok]
+    assert not failures, f"{len(failures)} of {len(completions)} streams failed: {failures[:3]}"
+    assert len(completions) >= 20
+    assert modelconfigs.applied_profile(served) == "interactive"
+    assert engines.applied_arguments(served) == {
+        "max_num_seqs": 2,
+        "max_num_batched_tokens": 256,
+        "enable_chunked_prefill": True,
+    }
+    assert not again.reloaded
+    # The engine runs the new arguments: at most 2 sequences at once, where it ran more before.
+    after = await most_running_in_a_burst(llm_server)
+    assert before > 2
+    assert after <= 2
+
+
+async def test_engine_settings_the_model_cannot_take_are_refused_before_any_reload(
+    llm_server: local_triton.LocalTriton,
+) -> None:
+    unchunked = specs.Profile.model_validate(
+        {"llm": {"chunkedPrefill": False, "maxNumBatchedTokens": 256}}
+    )
+    batching_only = specs.Profile.model_validate({"maxQueueDelayMicroseconds": 5000})
+    running = stubs(llm_server)
+    async with servers.TritonServer(llm_server.http_url) as server:
+        served = await server.model_config(MODEL)
+        with pytest.raises(
+            overrides.ProfileRefused,
+            match=r"256 is below model 'tiny_llm'.s max_model_len 512",
+        ):
+            await actuators.apply_profile(
+                server,
+                MODEL,
+                rendering.render(unchunked),
+                profile="unchunked",
+                engine_arguments=repository_of(llm_server),
+            )
+        with pytest.raises(overrides.ProfileRefused, match="needs an llm section"):
+            await actuators.apply_profile(
+                server,
+                MODEL,
+                rendering.render(batching_only),
+                profile="batching-only",
+                engine_arguments=repository_of(llm_server),
+            )
+        assert await server.model_config(MODEL) == served
+    assert stubs(llm_server) == running
+
+
+def test_the_repository_model_json_is_what_the_engine_was_started_with(
+    llm_server: local_triton.LocalTriton,
+) -> None:
+    base = engines.read_repository_arguments(llm_server.model_repository, MODEL)
+    assert base.version == "1"
+    assert base.arguments == json.loads(
+        (Path(llm_server.model_repository) / MODEL / "1" / "model.json").read_text()
+    )
+    assert base.arguments["model"] == str(llm_models.WEIGHTS_CONFIG)
+
+
+def test_the_sidecar_s_ttft_inter_token_latency_and_tokens_agree_with_the_client_s(
+    llm_server: local_triton.LocalTriton, tmp_path: Path
+) -> None:
+    with local_sidecar.running(
+        llm_server,
+        *("--interval", "0.5", "--rate-window", "60"),
+        command=("-m", "batchpilot", "sidecar"),
+        log=tmp_path / "sidecar.log",
+    ) as sidecar:
+        time.sleep(1.5)  # a first reading before the load
+        completions = asyncio.run(
+            llm_load.open_loop(
+                llm_server.grpc_address, rate=6, seconds=15, prompt_tokens=64, output_tokens=32
+            )
+        )
+        time.sleep(1.5)  # a last reading after it
+        with urllib.request.urlopen(f"{sidecar.url}/status", timeout=5) as response:
+            report = json.loads(response.read())["models"][MODEL]
+    assert all(completion.ok for completion in completions)
+    llm = report["llm"]
+    client_ttft_ms = [1000 * c.ttft_seconds for c in completions if c.ttft_seconds is not None]
+    client_itl_ms = [
+        1000 * c.mean_inter_token_seconds
+        for c in completions
+        if c.mean_inter_token_seconds is not None
+    ]
+    client_tokens = sum(completion.tokens for completion in completions)
+    engine_tokens = llm["outputTokensPerSecond"] * report["window"]["seconds"]
+    ttft = (llm_load.percentile(client_ttft_ms, 0.5), llm_load.percentile(client_ttft_ms, 0.95))
+    print(
+        f"\nTTFT ms p50/p95: sidecar {llm['ttftP50Ms']} / {llm['ttftP95Ms']},"
+        f" client {ttft[0]:.1f} / {ttft[1]:.1f}"
+        f"\ninter-token ms p50: sidecar {llm['interTokenP50Ms']},"
+        f" client (decode time per token) {llm_load.percentile(client_itl_ms, 0.5):.2f}"
+        f"\noutput tokens: sidecar {engine_tokens:.0f}, client {client_tokens}"
+    )
+    assert llm["firstTokens"] == len(completions)
+    assert engine_tokens == pytest.approx(client_tokens, rel=0.02)
+    # The engine's TTFT is part of the client's (which adds gRPC, Triton and the client's own
+    # event loop); its decode time per token is part of the client's gap between tokens.
+    assert 0.4 * ttft[0] <= llm["ttftP50Ms"] <= 1.1 * ttft[0] + 5
+    client_itl = llm_load.percentile(client_itl_ms, 0.5)
+    assert 0.4 * client_itl <= llm["interTokenP50Ms"] <= 1.25 * client_itl
