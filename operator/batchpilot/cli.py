@@ -75,6 +75,7 @@ def _run(arguments: argparse.Namespace) -> int:
             interval=arguments.interval,
             listen=_listen(arguments.listen, option="--listen"),
             sidecar_urls=arguments.sidecar,
+            model_repository=arguments.model_repository,
             ticks=arguments.ticks,
         )
     )
@@ -219,6 +220,13 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"a batchpilot sidecar, e.g. http://10.0.0.5:{endpoints.SIDECAR_PORT} (repeatable): "
         "load signals and the SLO autotune recommendation come from the sidecars when "
         "spec.load.source is sidecar (the default)",
+    )
+    run.add_argument(
+        "--model-repository",
+        type=Path,
+        metavar="DIR",
+        help="the model repository the servers load from: LLM models served by Triton's vLLM "
+        "backend take a profile's llm settings in a model.json built on this repository's",
     )
     run.add_argument("--interval", type=float, default=5.0, help="seconds between ticks")
     run.add_argument(

@@ -83,6 +83,7 @@ def as_json(
         "rollout_starts": _iso(decision.rollout_starts),
         "dynamic_batching": decision.settings.dynamic_batching,
         "max_batch_size": decision.settings.max_batch_size,
+        "llm_engine_arguments": decision.settings.engine_arguments,
         "signals": dict(signals.metrics),
         "load_rules": [
             {"rule": loads.describe(rule), "profile": rule.profile, "holding": state.holding}
@@ -127,6 +128,10 @@ def as_text(
     lines.append("dynamic_batching: " + json.dumps(decision.settings.dynamic_batching, indent=2))
     if decision.settings.max_batch_size is not None:
         lines.append(f"max_batch_size:   {decision.settings.max_batch_size}")
+    if decision.settings.engine_arguments is not None:
+        lines.append(
+            "LLM engine (vLLM model.json): " + json.dumps(decision.settings.engine_arguments)
+        )
     return "\n".join(lines)
 
 

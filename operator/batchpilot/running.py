@@ -19,10 +19,11 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from batchpilot import reconciling, reporting, telemetry
-from batchpilot.applying import fleets, replicas, rollouts
+from batchpilot.applying import engines, fleets, replicas, rollouts
 from batchpilot.applying.replicas import Replica
 from batchpilot.policy import decisions, specs
 from batchpilot.signals import sidecars, sources
@@ -75,12 +76,17 @@ class Runner:
         source: sources.SignalSource,
         metrics: telemetry.ControllerMetrics,
         clock: Callable[[], datetime.datetime] = utc_now,
+        model_repository: Path | None = None,
     ) -> None:
         self.name = name
         self.spec = spec
         self.servers = list(triton_servers)
         self.metrics = metrics
-        self.fleet = fleets.TritonFleet()
+        self.fleet = fleets.TritonFleet(
+            engine_arguments=engines.ModelRepository(model_repository)
+            if model_repository is not None
+            else None
+        )
         for server in self.servers:
             self.fleet.adopt(server)
         self.engine = reconciling.Reconciler(
@@ -157,6 +163,7 @@ async def run_standalone(
     interval: float,
     listen: tuple[str, int] | None,
     sidecar_urls: Sequence[str] = (),
+    model_repository: Path | None = None,
     ticks: int | None = None,
 ) -> int:
     """`batchpilot run`: tick until SIGTERM or Ctrl-C (or `ticks` ticks), then stop cleanly."""
@@ -181,7 +188,12 @@ async def run_standalone(
         source = sources.TritonMetricsSource(triton_servers, models=spec.target.models)
         signals_from = "Triton metrics"
     runner = Runner(
-        name=name, spec=spec, triton_servers=triton_servers, source=source, metrics=metrics
+        name=name,
+        spec=spec,
+        triton_servers=triton_servers,
+        source=source,
+        metrics=metrics,
+        model_repository=model_repository,
     )
 
     stop = asyncio.Event()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,9 +139,10 @@ async def open_loop(
     max_requests: int = 10_000,
     within: float = 120.0,
     stop: asyncio.Event | None = None,
+    on_completion: Callable[[Completion], None] | None = None,
 ) -> list[Completion]:
     """Send streaming requests at `rate` per second for `seconds` (at most `max_requests`, and
-    none after `stop` is set) and wait for all of them."""
+    none after `stop` is set) and wait for all of them; `on_completion` sees each as it ends."""
     async with triton_grpc.InferenceServerClient(grpc_address) as client:
         tasks: list[asyncio.Task[Completion]] = []
         started = time.monotonic()
@@ -150,17 +151,18 @@ async def open_loop(
             await asyncio.sleep(max(0.0, started + index / rate - time.monotonic()))
             if stop is not None and stop.is_set():
                 break
-            tasks.append(
-                asyncio.create_task(
-                    complete(
-                        client,
-                        prompt(prompt_tokens, seed=index),
-                        max_tokens=output_tokens,
-                        request_id=str(index),
-                        within=within,
-                    )
+            task = asyncio.create_task(
+                complete(
+                    client,
+                    prompt(prompt_tokens, seed=index),
+                    max_tokens=output_tokens,
+                    request_id=str(index),
+                    within=within,
                 )
             )
+            if on_completion is not None:
+                task.add_done_callback(lambda done: on_completion(done.result()))
+            tasks.append(task)
         return list(await asyncio.gather(*tasks))
 
 

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 
 import bench_boundary
 import bench_chaos
+import bench_llm
 import bench_policy
 import bench_scale
 import bench_sidecar
@@ -50,6 +51,12 @@ Main = Callable[[Sequence[str] | None], int]
             "targets left wrong at the end",
             id="chaos",
             marks=pytest.mark.timeout(500),
+        ),
+        pytest.param(
+            bench_llm.main,
+            "batchpilot / best static bulk",
+            id="llm",
+            marks=pytest.mark.timeout(600),
         ),
         pytest.param(
             bench_sidecar.main,

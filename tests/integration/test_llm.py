@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from batchpilot.applying import actuators, engines, overrides
+from batchpilot import running, telemetry
+from batchpilot.applying import actuators, engines, overrides, rollouts
 from batchpilot.policy import rendering, specs
+from batchpilot.signals import sources
 from batchpilot_harness import llm_load, llm_models, local_sidecar, local_triton, processes
 from batchpilot_triton import modelconfigs, servers
 
@@ -128,6 +130,11 @@ async def test_a_switch_under_streaming_load_fails_no_request_and_the_engine_run
     assert not again.reloaded
     # The engine runs the new arguments: at most 2 sequences at once, where it ran more before.
     after = await most_running_in_a_burst(llm_server)
+    print(
+        f"\nswitch under streaming load: applied in {applied.seconds:.1f}s, "
+        f"{len(completions)} streams, {len(failures)} failed; most sequences running in a "
+        f"burst of 8: {before:.0f} before, {after:.0f} after"
+    )
     assert before > 2
     assert after <= 2
 
@@ -219,3 +226,44 @@ def test_the_sidecar_s_ttft_inter_token_latency_and_tokens_agree_with_the_client
     assert 0.4 * ttft[0] <= llm["ttftP50Ms"] <= 1.1 * ttft[0] + 5
     client_itl = llm_load.percentile(client_itl_ms, 0.5)
     assert 0.4 * client_itl <= llm["interTokenP50Ms"] <= 1.25 * client_itl
+
+
+async def test_the_runner_applies_a_policy_s_llm_profile_with_the_repository_it_reads(
+    llm_server: local_triton.LocalTriton,
+) -> None:
+    spec = specs.parse_spec(
+        {
+            "target": {"selector": {}, "models": [MODEL]},
+            "profiles": {
+                "interactive": {"llm": {"maxNumSeqs": 2, "maxNumBatchedTokens": 256}},
+                "bulk": {"llm": {"maxNumSeqs": 8, "maxNumBatchedTokens": 1024}},
+            },
+            "defaultProfile": "bulk",
+            "minDwellSeconds": 0,
+        }
+    )
+
+    async def tick(repository: Path | None) -> rollouts.Outcome:
+        triton = servers.TritonServer(llm_server.http_url, metrics_url=llm_server.metrics_url)
+        runner = running.Runner(
+            name="llm",
+            spec=spec,
+            triton_servers=[triton],
+            source=sources.TritonMetricsSource([triton], models=[MODEL]),
+            metrics=telemetry.controller_metrics(),
+            model_repository=repository,
+        )
+        try:
+            (outcome,) = (await runner.tick()).outcomes
+        finally:
+            await runner.close()
+        return outcome
+
+    refused = await tick(None)
+    assert (refused.state, refused.error) == ("Failed", "refused")
+    assert "needs its repository's model.json" in refused.message
+    applied = await tick(llm_server.model_repository)
+    assert (applied.state, applied.profile, applied.reloads) == ("Updated", "bulk", 1)
+    async with servers.TritonServer(llm_server.http_url) as triton:
+        served = await triton.model_config(MODEL)
+    assert engines.applied_arguments(served) == {"max_num_seqs": 8, "max_num_batched_tokens": 1024}

@@ -142,3 +142,20 @@ def test_unquoted_time_gets_a_hint(tmp_path: Path, capsys: pytest.CaptureFixture
         'spec.schedule.windows[0].end: write times in quotes, e.g. "16:00"'
         in capsys.readouterr().err
     )
+
+
+def test_explain_shows_an_llm_profile_s_engine_arguments(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    llm_policy = SAMPLE.parent / "policies" / "llm-market-hours.yaml"
+    at = "2026-11-24T10:00:00-05:00"
+    assert cli.main(["explain", "--policy", str(llm_policy), "--at", at]) == 0
+    text = capsys.readouterr().out
+    assert "Profile:          interactive" in text
+    assert (
+        'LLM engine (vLLM model.json): {"max_num_seqs": 8, "max_num_batched_tokens": 256, '
+        '"enable_chunked_prefill": true}'
+    ) in text
+    assert cli.main(["explain", "--policy", str(llm_policy), "--at", at, "-o", "json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["llm_engine_arguments"]["max_num_seqs"] == 8

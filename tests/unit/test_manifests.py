@@ -31,8 +31,9 @@ def by_kind(path: Path) -> dict[str, list[dict[str, Any]]]:
     return found
 
 
-def test_the_samples_are_market_hours_load_based_and_slo_autotune() -> None:
+def test_the_samples_are_market_hours_load_based_slo_autotune_and_llm() -> None:
     assert [path.name for path in SAMPLES] == [
+        "llm-market-hours.yaml",
         "load-based.yaml",
         "market-hours.yaml",
         "slo-autotune.yaml",

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Collection, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from batchpilot.applying import actuators, backoffs
+from batchpilot.applying import actuators, backoffs, engines
 from batchpilot.policy import rendering
 from batchpilot_triton import scraping, servers
 
@@ -34,8 +34,11 @@ class TritonFleet:
         request_timeout: float = 5.0,
         load_timeout: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
+        engine_arguments: engines.EngineArgumentsSource | None = None,
     ) -> None:
         self._servers: dict[str, servers.TritonServer] = {}
+        self._engine_arguments = engine_arguments
+        """Where LLM models' repository `model.json` is read; None: LLM profiles are refused."""
         self._request_timeout = request_timeout
         self._load_timeout = load_timeout
         self._clock = clock
@@ -133,5 +136,6 @@ class TritonFleet:
                 profile=profile,
                 unload_first=unload_first,
                 verify_timeout=verify_timeout,
+                engine_arguments=self._engine_arguments,
             ),
         )
