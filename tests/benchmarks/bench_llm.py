@@ -13,10 +13,10 @@ configuration, one after another on one server:
 Configurations: every static profile of the sweep, held all day, and batchpilot, which runs
 `interactive` during the session and `bulk` after the close, switched with the same actuator the
 operator uses (a reload that overrides `model.json`) under the session's load, ahead of the close
-by about the lead the schedule's `leadTime: auto` would plan (the longest reload seen, x1.2, and
-3 s). TTFT comes from the client; inter-token latency from the engine's own histogram (what the
-sidecar reads), since streamed tokens reach a client in bunches. Figures are reported, never
-asserted.
+by the longest reload seen x1.2 plus 3 s: the day of a policy whose `bulk` window starts that much
+before the close (a schedule's lead time moves only changes into latency profiles). TTFT comes
+from the client; inter-token latency from the engine's own histogram (what the sidecar reads),
+since streamed tokens reach a client in bunches. Figures are reported, never asserted.
 
     python tests/benchmarks/bench_llm.py            # 90 s sessions, three static profiles
     python tests/benchmarks/bench_llm.py --short    # 40 s sessions, static bulk only (CI)
@@ -343,7 +343,7 @@ async def benchmark(shape: Shape, sweep: Sequence[str], work: Path) -> list[Run]
             await apply(server, name)
             reloads.append(time.monotonic() - started)
             runs.append(await run_day(server, shape, session_profile=name, close_profile=name))
-        # The lead the operator's `leadTime: auto` would plan: the longest reload seen, with a
+        # A bulk window that starts this much before the close: the longest reload seen, with a
         # margin.
         runs.append(
             await run_day(
