@@ -113,6 +113,7 @@ def test_plain_manifests_apply_and_the_samples_are_accepted(api: Kube, namespace
     assert applied.returncode == 0, applied.stderr
     listed = api.kubectl_run("get", "bp", "-n", namespace, "-o", "name")
     assert sorted(listed.stdout.split()) == [
+        "batchpolicy.batchpilot.dev/llm-market-hours",
         "batchpolicy.batchpilot.dev/load-based",
         "batchpolicy.batchpilot.dev/market-hours",
         "batchpolicy.batchpilot.dev/slo-autotune",
