@@ -21,7 +21,7 @@ from batchpilot.applying import actuators, engines, overrides, rollouts
 from batchpilot.policy import rendering, specs
 from batchpilot.signals import sources
 from batchpilot_harness import llm_load, llm_models, local_sidecar, local_triton, processes
-from batchpilot_triton import modelconfigs, servers
+from batchpilot_triton import engine_metrics, modelconfigs, scraping, servers
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -47,14 +47,9 @@ def repository_of(server: local_triton.LocalTriton) -> engines.ModelRepository:
 def engine_gauges(server: local_triton.LocalTriton) -> tuple[float, float]:
     """The engine's running and waiting requests, from Triton's metrics endpoint."""
     with urllib.request.urlopen(server.metrics_url, timeout=5) as response:
-        page = response.read().decode()
-    running = waiting = 0.0
-    for line in page.splitlines():
-        if line.startswith("vllm:num_requests_running{"):
-            running = float(line.rsplit(" ", 1)[1])
-        elif line.startswith("vllm:num_requests_waiting{"):
-            waiting = float(line.rsplit(" ", 1)[1])
-    return running, waiting
+        page = scraping.parse(response.read().decode())
+    engine = engine_metrics.engine_counts({}, page.gauges).get(MODEL)
+    return (engine.running, engine.waiting) if engine is not None else (0.0, 0.0)
 
 
 async def most_running_in_a_burst(server: local_triton.LocalTriton, size: int = 8) -> float:

@@ -36,7 +36,7 @@ def settings(**llm: Any) -> rendering.Settings:
     return rendering.render(specs.Profile.model_validate({"llm": llm}))
 
 
-def model_json(override: engines.EngineOverride) -> dict[str, Any]:
+def model_json(override: overrides.Override) -> dict[str, Any]:
     (content,) = override.files.values()
     loaded: dict[str, Any] = json.loads(content)
     return loaded

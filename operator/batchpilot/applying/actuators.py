@@ -85,7 +85,7 @@ async def apply_profile(
         if unload_first:
             await server.unload(model)
             await _unloaded(server, model, within=verify_timeout)
-        await server.load(model, wanted.config, files=_files(wanted))
+        await server.load(model, wanted.config, files=wanted.files)
         await _verify(server, model, wanted, within=verify_timeout)
     except (servers.LoadRejected, _NotVerified) as error:
         previous = (
@@ -109,10 +109,6 @@ def runs(
     return overrides.matches(
         served, overrides.merge(served, settings, profile=profile, model=model)
     )
-
-
-def _files(override: overrides.Override) -> dict[str, bytes] | None:
-    return override.files if isinstance(override, engines.EngineOverride) else None
 
 
 def _matches(served: modelconfigs.ModelConfig, wanted: overrides.Override) -> bool:
@@ -156,7 +152,7 @@ async def _restore(
 ) -> bool:
     """Load the previous configuration again; True once the server serves it."""
     try:
-        await server.load(model, previous.config, files=_files(previous))
+        await server.load(model, previous.config, files=previous.files)
         await _verify(server, model, previous, within=within)
     except (servers.TritonError, _NotVerified):
         return False

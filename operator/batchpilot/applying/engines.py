@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -96,14 +96,6 @@ def _directories(directory: Path) -> list[Path]:
         raise EngineArgumentsUnavailable(f"cannot list {directory}: {error}") from None
 
 
-@dataclass(frozen=True)
-class EngineOverride(Override):
-    """A configuration override with the `model.json` that goes with it."""
-
-    files: dict[str, bytes] = field(default_factory=dict)
-    """Triton's `file:` overrides of the load request, by their `file:<version>/<name>` key."""
-
-
 def applied_arguments(config: Mapping[str, Any]) -> dict[str, Any] | None:
     """The engine arguments batchpilot set on this served configuration, if it set any."""
     written = modelconfigs.parameter(config, modelconfigs.ENGINE_ARGUMENTS_PARAMETER)
@@ -145,19 +137,19 @@ def merge(
     *,
     profile: str,
     model: str,
-) -> EngineOverride:
+) -> Override:
     """The load request that makes the model run the profile; raises ProfileRefused."""
     wanted = check(base, settings, model=model)
     return _override(config, base, wanted, profile=profile)
 
 
-def restoring(config: ModelConfig, base: RepositoryArguments) -> EngineOverride:
+def restoring(config: ModelConfig, base: RepositoryArguments) -> Override:
     """The load request that serves `config` again, with the `model.json` it was served with."""
     written = applied_arguments(config)
     profile = modelconfigs.applied_profile(config) or ""
     if written is None:
         # The repository's own files: a load without file overrides reads them again.
-        return EngineOverride(copy.deepcopy(config), profile)
+        return Override(copy.deepcopy(config), profile)
     return _override(config, base, written, profile=profile)
 
 
@@ -167,7 +159,7 @@ def _override(
     engine_arguments: Mapping[str, Any],
     *,
     profile: str,
-) -> EngineOverride:
+) -> Override:
     merged = copy.deepcopy(config)
     parameters = dict(merged.get("parameters") or {})
     parameters[modelconfigs.PROFILE_PARAMETER] = {"string_value": profile}
@@ -176,7 +168,7 @@ def _override(
     }
     merged["parameters"] = parameters
     model_json = json.dumps({**base.arguments, **engine_arguments}, indent=2, sort_keys=True)
-    return EngineOverride(
+    return Override(
         config=merged,
         profile=profile,
         files={f"file:{base.version}/{ENGINE_ARGUMENTS_FILE}": model_json.encode()},

@@ -9,7 +9,7 @@ always starts from the configuration the server reports and changes only `dynami
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from batchpilot.policy import rendering
@@ -40,10 +40,13 @@ class ProfileRefused(ValueError):
 
 @dataclass(frozen=True)
 class Override:
-    """What the served configuration should say once a profile is applied."""
+    """What the served configuration should say once a profile is applied, and the files the
+    load sends with it (none: the model's own files in the repository)."""
 
     config: ModelConfig
     profile: str
+    files: dict[str, bytes] = field(default_factory=dict)
+    """Triton's `file:` overrides of the load request, by their `file:<version>/<name>` key."""
 
 
 def check(config: ModelConfig, settings: rendering.Settings, *, model: str) -> None:
