@@ -153,8 +153,10 @@ def run_command_until(
         with urllib.request.urlopen(f"http://127.0.0.1:{listen_port}/metrics", timeout=5) as page:
             metrics = page.read().decode()
         process.terminate()
-        _, rest = process.communicate(timeout=20)
-        log.append(rest)
+        # Read the rest through the same buffered stream: `communicate()` reads the pipe
+        # beneath it and would lose lines the loop above had read ahead.
+        log.append(process.stderr.read())
+        process.wait(timeout=20)
     return RunnerProcess(output="".join(log), metrics=metrics, returncode=process.returncode)
 
 

@@ -11,8 +11,9 @@ import asyncio
 import json
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,6 +43,21 @@ def llm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_trito
 
 def repository_of(server: local_triton.LocalTriton) -> engines.ModelRepository:
     return engines.ModelRepository(server.model_repository)
+
+
+def sidecar_report(
+    url: str, *, until: Callable[[dict[str, Any]], bool], timeout: float = 20.0
+) -> dict[str, Any]:
+    """The sidecar's report on the model once `until` holds of it, or the last one after
+    `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with urllib.request.urlopen(f"{url}/status", timeout=5) as response:
+            report: dict[str, Any] | None = json.loads(response.read())["models"].get(MODEL)
+        if report is not None and (until(report) or time.monotonic() > deadline):
+            return report
+        assert time.monotonic() < deadline, "the sidecar never reported the model"
+        time.sleep(0.25)
 
 
 def engine_gauges(server: local_triton.LocalTriton) -> tuple[float, float]:
@@ -187,15 +203,23 @@ def test_the_sidecar_s_ttft_inter_token_latency_and_tokens_agree_with_the_client
         command=("-m", "batchpilot", "sidecar"),
         log=tmp_path / "sidecar.log",
     ) as sidecar:
-        time.sleep(1.5)  # a first reading before the load
+        # A first reading before the load, so the window holds all of it: on a busy machine
+        # the sidecar answers before it has read Triton twice.
+        sidecar_report(
+            sidecar.url, until=lambda report: (report.get("window") or {}).get("seconds", 0) > 0
+        )
         completions = asyncio.run(
             llm_load.open_loop(
                 llm_server.grpc_address, rate=6, seconds=15, prompt_tokens=64, output_tokens=32
             )
         )
-        time.sleep(1.5)  # a last reading after it
-        with urllib.request.urlopen(f"{sidecar.url}/status", timeout=5) as response:
-            report = json.loads(response.read())["models"][MODEL]
+        # A last reading after it: the engine's statistics reach Triton a step late.
+        report = sidecar_report(
+            sidecar.url,
+            until=lambda report: (
+                (report.get("llm") or {}).get("firstTokens", 0) >= len(completions)
+            ),
+        )
     assert all(completion.ok for completion in completions)
     llm = report["llm"]
     client_ttft_ms = [1000 * c.ttft_seconds for c in completions if c.ttft_seconds is not None]
