@@ -2,7 +2,7 @@
 
 The Grafana the tests build runs without its web front end (see README), so this draws the
 same panels from the same queries (batchpilot_charts.dashboards.PANELS) for the README's picture,
-which tests/integration/test_dashboard.py takes from real data (`make dashboard-png`).
+which tests/integration/test_grafana.py takes from real data (`make dashboard-png`).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from the client; inter-token latency from the engine's own histogram (what the s
 since streamed tokens reach a client in bunches. Figures are reported, never asserted.
 
     python tests/benchmarks/bench_llm.py            # 90 s sessions, three static profiles
-    python tests/benchmarks/bench_llm.py --short    # 40 s sessions, static bulk only (CI)
+    python tests/benchmarks/bench_llm.py --short    # 30 s sessions, static bulk only (CI)
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import math
 import sys
 import tempfile
 import time
@@ -52,6 +53,7 @@ SHORT_SWEEP = ("bulk",)
 TTFT_OBJECTIVE_MS = 500.0
 """The session's objective: TTFT p95 within this, in every SLO window."""
 SLO_WINDOW_SECONDS = 5.0
+PLOT_WINDOW_SECONDS = 5.0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -64,7 +66,7 @@ class Shape:
 
 SHAPES = {
     "full": Shape(session_seconds=90, question_rate=1, burst=8, backlog=160),
-    "short": Shape(session_seconds=40, question_rate=1, burst=8, backlog=48),
+    "short": Shape(session_seconds=30, question_rate=1, burst=8, backlog=32),
 }
 QUESTION_TOKENS = (256, 32)
 """A question with its retrieved context: prompt and answer tokens."""
@@ -87,11 +89,26 @@ class Phase:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class Window:
+    """One plotted window of the day: when it starts (seconds from the open), the TTFT p95 of
+    the requests sent in it, and the output tokens streamed in it per second."""
+
+    start: float
+    ttft_p95_ms: float | None
+    output_tokens_per_second: float
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Run:
     configuration: str
     session: Phase
     after_close: Phase
     switch_seconds: float | None = None
+    close_at: float = 0.0
+    """Seconds from the open to the close (the backlog's submission)."""
+    switch_at: float | None = None
+    """Seconds from the open to the start of batchpilot's switch."""
+    timeline: tuple[Window, ...] = ()
 
 
 def metrics_page(server: local_triton.LocalTriton) -> scraping.Snapshot:
@@ -126,6 +143,97 @@ def slo_windows(completions: Sequence[llm_load.Completion], started: float) -> f
         return None
     met = sum(llm_load.percentile(ttfts, 0.95) <= TTFT_OBJECTIVE_MS for ttfts in windows.values())
     return met / len(windows)
+
+
+def timeline(
+    completions: Sequence[llm_load.Completion],
+    *,
+    started: float,
+    width: float = PLOT_WINDOW_SECONDS,
+) -> tuple[Window, ...]:
+    """The day in windows of `width` seconds; a stream's tokens count evenly between its first
+    and last token (they arrive in bunches of a few)."""
+    ended = max((c.finished_at for c in completions), default=started)
+    count = max(1, math.ceil((ended - started) / width))
+    ttfts: list[list[float]] = [[] for _ in range(count)]
+    tokens = [0.0] * count
+    for completion in completions:
+        if completion.first_token_at is None or completion.ttft_seconds is None:
+            continue
+        index = min(count - 1, int((completion.sent_at - started) // width))
+        ttfts[index].append(1000 * completion.ttft_seconds)
+        first, last = completion.first_token_at - started, (completion.last_token_at or 0) - started
+        if last <= first:
+            tokens[min(count - 1, int(first // width))] += completion.tokens
+            continue
+        for index in range(int(first // width), min(count - 1, int(last // width)) + 1):
+            overlap = min(last, (index + 1) * width) - max(first, index * width)
+            tokens[index] += completion.tokens * max(0.0, overlap) / (last - first)
+    return tuple(
+        Window(
+            start=index * width,
+            ttft_p95_ms=llm_load.percentile(ttfts[index], 0.95) if ttfts[index] else None,
+            output_tokens_per_second=tokens[index] / width,
+        )
+        for index in range(count)
+    )
+
+
+def plot(runs: Sequence[Run], path: Path, *, shape: Shape) -> None:
+    """TTFT p95 and output tokens/s over the day, one line per configuration; the close and
+    batchpilot's switch marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (latency, throughput) = plt.subplots(
+        2, 1, figsize=(10, 6.2), sharex=True, height_ratios=(3, 2)
+    )
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for index, run in enumerate(runs):
+        colour = colours[index % len(colours)]
+        middles = [w.start + PLOT_WINDOW_SECONDS / 2 for w in run.timeline]
+        latency.plot(
+            middles,
+            [math.nan if w.ttft_p95_ms is None else w.ttft_p95_ms for w in run.timeline],
+            label=run.configuration,
+            color=colour,
+            linewidth=1.2,
+            marker=".",
+        )
+        throughput.plot(
+            middles, [w.output_tokens_per_second for w in run.timeline], color=colour, linewidth=1.2
+        )
+        if run.switch_at is not None and run.switch_seconds is not None:
+            for axis in (latency, throughput):
+                axis.axvspan(
+                    run.switch_at, run.switch_at + run.switch_seconds, color=colour, alpha=0.12
+                )
+            latency.text(run.switch_at, 1.01, " switch (reload)", fontsize=8, color=colour,
+                         transform=latency.get_xaxis_transform())  # fmt: skip
+    close = max(run.close_at for run in runs)
+    for axis in (latency, throughput):
+        axis.axvline(close, color="black", linewidth=0.8, linestyle=":")
+    latency.text(close, 1.01, " close: backlog submitted", fontsize=8,
+                 transform=latency.get_xaxis_transform())  # fmt: skip
+    latency.axhline(TTFT_OBJECTIVE_MS, color="black", linewidth=0.8, linestyle="--")
+    latency.text(0, TTFT_OBJECTIVE_MS, f" TTFT objective {TTFT_OBJECTIVE_MS:g} ms",
+                 va="bottom", fontsize=8)  # fmt: skip
+    latency.set_yscale("log")
+    latency.set_ylabel(f"TTFT p95 per {PLOT_WINDOW_SECONDS:g} s (ms)")
+    throughput.set_ylabel("output tokens/s")
+    throughput.set_xlabel(
+        f"seconds from the open: a {shape.session_seconds:g}-s session (1 question/s, a burst of "
+        f"{shape.burst} half-way), then {shape.backlog} summaries at once"
+    )
+    latency.legend(loc="upper left", fontsize=8, ncols=4)
+    figure.suptitle("An LLM trading day on a real vLLM engine behind Triton (2 CPU cores)",
+                    fontsize=10)  # fmt: skip
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=80)
+    plt.close(figure)
 
 
 def phase(
@@ -221,10 +329,13 @@ async def run_day(
     await apply(server, session_profile)
     before, cpu, started = metrics_page(server), engine_cpu(server), time.monotonic()
     switch: asyncio.Task[float] | None = None
+    switch_at: float | None = None
     if close_profile != session_profile:
 
         async def ahead_of_the_close() -> float:
+            nonlocal switch_at
             await asyncio.sleep(max(0.0, shape.session_seconds - lead_seconds))
+            switch_at = time.monotonic() - started
             return await apply(server, close_profile)
 
         switch = asyncio.create_task(ahead_of_the_close())
@@ -251,6 +362,9 @@ async def run_day(
             cpu_seconds=cpu_between(cpu_middle, cpu_after),
         ),
         switch_seconds=switch_seconds,
+        close_at=closed - started,
+        switch_at=switch_at,
+        timeline=timeline([*questions, *summaries], started=started),
     )
 
 
@@ -359,7 +473,7 @@ async def benchmark(shape: Shape, sweep: Sequence[str], work: Path) -> list[Run]
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--short", action="store_true", help="40 s sessions, static bulk only")
+    parser.add_argument("--short", action="store_true", help="30 s sessions, static bulk only")
     benchmarking.output_arguments(parser)
     arguments = parser.parse_args(argv)
     shape = SHAPES["short" if arguments.short else "full"]
@@ -374,8 +488,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         tables=lambda markdown: tables(runs, markdown=markdown),
         data=[dataclasses.asdict(run) for run in runs],
     )
+    plot(runs, out_dir / "day-llm.png", shape=shape)
     if arguments.publish:
-        benchmarking.publish(out_dir, ["summary-llm.md"])
+        benchmarking.publish(out_dir, ["summary-llm.md", "day-llm.png"])
     return 0
 
 

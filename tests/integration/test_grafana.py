@@ -5,7 +5,10 @@ provisions a user's Grafana: the dashboard and the alert rules are the data of t
 `helm template` renders (the rules with `grafana.alerts.datasourceUid` set, so the chart's
 substitution is what points them at the data source), next to a Prometheus data source scraping
 a real tritonserver, its sidecar and the standalone runner (tests/monitored_stacks.py). Every
-check goes through Grafana's HTTP API; the web front end is not built (see README).
+check goes through Grafana's HTTP API; the web front end is not built (see README). Under the
+same burst, the dashboard's queries are also run straight against Prometheus with the chart's
+Prometheus alert rules loaded (one stack and one burst serve both; `make dashboard-png` draws
+the panels from that data).
 
 Grafana's scheduler ticks every 10 s, so the rule group is provisioned with a 10 s interval
 instead of the chart's 1 m, and BatchpilotSloBreached with `for: 10s` instead of 10 m; nothing
@@ -19,10 +22,11 @@ import contextlib
 import datetime
 import json
 import math
+import os
 import re
 import time
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +34,7 @@ import pytest
 import yaml
 from e2e import charts
 
+import dashboard_plots
 import monitored_stacks
 from batchpilot_charts import alerts, dashboards, rendering
 from batchpilot_harness import loadgen
@@ -38,6 +43,47 @@ from prometheus_fixtures import StartPrometheus
 from triton_fixtures import TritonFactory
 
 pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+ALERTS = REPO / "charts" / "batchpilot" / "files" / "alerts.yaml"
+PICTURE = "BATCHPILOT_DASHBOARD_PNG"
+STEP = 1.0
+"""Seconds between the points of the range queries (Prometheus scrapes every second)."""
+
+
+def by_time(matrix: Sequence[Mapping[str, Any]]) -> dict[float, float]:
+    """The finite points of a single-series matrix (or of its series taken together), by time."""
+    points = {float(at): float(value) for series in matrix for at, value in series["values"]}
+    return {at: value for at, value in points.items() if math.isfinite(value)}
+
+
+def report_figures(results: Mapping[str, Sequence[Sequence[Mapping[str, Any]]]]) -> None:
+    """The figures the README quotes: rate, batch size and device load in each profile."""
+    in_force = {
+        float(at): series["metric"]["profile"]
+        for series in results["Active profile"][0]
+        for at, value in series["values"]
+        if float(value) == 1
+    }
+    rate = by_time(results["Request rate"][0])
+    batch = by_time(results["Average batch size"][0])
+    busy = by_time(results["GPU utilization"][0])
+    for profile in ("interactive", "bulk"):
+        burst = [at for at, value in rate.items() if value > 250 and in_force.get(at) == profile]
+        loads = sorted(busy[at] for at in burst if at in busy)
+        sizes = [batch[at] for at in burst if at in batch]
+        if loads and sizes:
+            peak = max(rate[at] for at in burst)
+            print(
+                f"{profile} under the burst: {len(burst)} s, up to {peak:.0f} requests/s, "
+                f"batches {min(sizes):.1f}-{max(sizes):.1f}, device busy "
+                f"{100 * loads[len(loads) // 2]:.0f}% (median), {100 * loads[-1]:.0f}% (max)"
+            )
+    print(
+        f"requests/s up to {max(rate.values()):.0f}; average batch {min(batch.values()):.1f}"
+        f"-{max(batch.values()):.1f}; device busy up to {100 * max(busy.values()):.0f}%"
+    )
+
 
 DATASOURCE_UID = "batchpilot-test-prometheus"
 """Not the chart's default uid: the rules reach this data source only through the chart's
@@ -259,14 +305,18 @@ async def test_grafana_loads_the_dashboard_and_every_panel_query_returns_data_th
         tmp_path,
         policy=monitored_stacks.BURST_POLICY,
         slo_p95_ms=50,
+        rule_files=[ALERTS],
     ) as stack:
         grafana = await asyncio.to_thread(
             start_grafana, grafana_server, stack, chart_files, tmp_path
         )
         started = time.time()
         load = await stack.load(monitored_stacks.BURST)
-        await asyncio.sleep(3)  # the last scrapes
+        await asyncio.sleep(3)  # the last scrapes and rule evaluations
         ended = time.time()
+        # Read while the runner still runs: once it stops, `up` goes to 0 and the
+        # operator-down rule turns pending at Prometheus's next evaluation.
+        prometheus_rules = monitored_stacks.prometheus_get(stack.prometheus.url, "/api/v1/rules")
 
         assert load.summary().failed == 0
         assert grafana.errors("provisioning") == []
@@ -300,6 +350,66 @@ async def test_grafana_loads_the_dashboard_and_every_panel_query_returns_data_th
         assert statuses["BatchpilotOperatorDown"]["state"] == "inactive"
         print(
             f"Grafana {grafana.version}: {len(dashboard['panels'])} panels, {len(statuses)} rules"
+        )
+    check_panels_and_rules_in_prometheus(
+        stack.prometheus.url, prometheus_rules["groups"], started=started, ended=ended
+    )
+
+
+def check_panels_and_rules_in_prometheus(
+    url: str, rules: Sequence[Mapping[str, Any]], *, started: float, ended: float
+) -> None:
+    """Every panel's queries return data straight from Prometheus too, and tell what happened;
+    the Prometheus alert rules (the chart's PrometheusRule) evaluated without an error. With
+    BATCHPILOT_DASHBOARD_PNG=path (`make dashboard-png`) the panels are drawn there."""
+    results: dict[str, list[list[Mapping[str, Any]]]] = {}
+    for panel in dashboards.PANELS:
+        results[panel.title] = []
+        for query in panel.queries:
+            expr = dashboards.instantiate(query.expr, rate_interval="10s")
+            data = monitored_stacks.prometheus_get(
+                url,
+                "/api/v1/query_range",
+                query=expr,
+                start=f"{started:.3f}",
+                end=f"{ended:.3f}",
+                step=f"{STEP:g}",
+            )
+            assert data["result"], f"{panel.title}: no series for {expr}"
+            finite = monitored_stacks.finite_values(data["result"])
+            assert finite, f"{panel.title}: only NaN from {expr}"
+            results[panel.title].append(data["result"])
+
+    # The panels tell what happened: both profiles, a burst, batches that grew, a busy device.
+    profiles = {
+        series["metric"]["profile"]
+        for series in results["Active profile"][0]
+        if 1.0 in monitored_stacks.finite_values([series])
+    }
+    assert profiles == {"interactive", "bulk"}
+    assert max(monitored_stacks.finite_values(results["Request rate"][0])) > 250
+    assert max(monitored_stacks.finite_values(results["Average batch size"][0])) > 2
+    utilization = monitored_stacks.finite_values(results["GPU utilization"][0])
+    assert 0 < max(utilization) <= 1
+
+    evaluated = {rule["name"]: rule for group in rules for rule in group["rules"]}
+    assert set(evaluated) == {alert.name for alert in alerts.ALERTS}
+    for name, rule in evaluated.items():
+        assert rule["health"] == "ok", f"{name}: {rule.get('lastError')}"
+    assert evaluated["BatchpilotOperatorDown"]["state"] == "inactive"
+
+    report_figures(results)
+    picture = os.environ.get(PICTURE)
+    if picture:
+        dashboard_plots.draw(
+            results,
+            start=started,
+            step=STEP,
+            path=Path(picture),
+            title=(
+                "batchpilot dashboard panels from a real Prometheus: tritonserver (CPU, gpu_sim), "
+                "its sidecar and the standalone runner under a burst of load"
+            ),
         )
 
 

@@ -62,7 +62,7 @@ rule = st.builds(
 rules = st.lists(rule, max_size=2)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(
     schedule=schedules_,
     rule_list=rules,
@@ -151,7 +151,7 @@ def test_no_switch_before_dwell_without_an_override(
         assert (later - earlier).total_seconds() >= dwell
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(
     schedule=schedules_,
     now=instants,
