@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from aiohttp import web
 
@@ -75,11 +76,17 @@ async def fitted(
 
 @asynccontextmanager
 async def serving_app(
-    collector: collecting.Collector, default_objective: recommending.Objective | None = None
+    collector: collecting.Collector,
+    default_objective: recommending.Objective | None = None,
+    *,
+    model_repository: Path | None = None,
 ) -> AsyncIterator[str]:
     """The sidecar's app on a loopback port; yields its base URL."""
     runner = web.AppRunner(
-        serving.application(collector, default_objective=default_objective), access_log=None
+        serving.application(
+            collector, default_objective=default_objective, model_repository=model_repository
+        ),
+        access_log=None,
     )
     await runner.setup()
     (port,) = local_triton.free_ports("127.0.0.1", 1)

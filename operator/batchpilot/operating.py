@@ -22,7 +22,7 @@ import kubernetes.client
 import kubernetes.config
 
 from batchpilot import reconciling, reporting, telemetry
-from batchpilot.applying import backoffs, fleets
+from batchpilot.applying import backoffs, fleets, pod_repositories
 from batchpilot.applying.replicas import Replica
 from batchpilot.kube import pods as kube_pods
 from batchpilot.kube import policies
@@ -297,9 +297,15 @@ def selects(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
     return True
 
 
+def triton_fleet() -> fleets.TritonFleet:
+    """The fleet every policy shares. Only the Pod sees its model repository, so LLM models'
+    engine arguments are read from the sidecar beside each Triton."""
+    return fleets.TritonFleet(engine_arguments=pod_repositories.SidecarEngineArguments())
+
+
 def build_controller(options: Options) -> Controller:
     api = kubernetes_api()
-    fleet = fleets.TritonFleet()
+    fleet = triton_fleet()
     metrics = telemetry.controller_metrics()
     pods = kube_pods.Pods(api)
     reconciler = reconciling.Reconciler(

@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from batchpilot_triton import endpoints
 
@@ -21,7 +22,9 @@ DESCRIPTION = (
     "Every interval: read NVML (or a DCGM exporter), Triton's metrics and its statistics "
     "extension; fit each model's step time t0 + c*b^alpha; serve /metrics "
     "(batchpilot_sidecar_*), /status (JSON; ?sloP95Ms=... for a queue-delay recommendation) and "
-    "/healthz. Works without a GPU and says so. Stops cleanly on SIGTERM or Ctrl-C."
+    "/healthz; with --model-repository, an LLM model's engine arguments (its model.json) at "
+    "/v1/models/MODEL/engine-arguments, for the operator. Works without a GPU and says so. Stops "
+    "cleanly on SIGTERM or Ctrl-C."
 )
 
 
@@ -63,6 +66,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-models", type=int, default=64, help="most models tracked at once (memory bound)"
     )
     parser.add_argument(
+        "--model-repository",
+        type=Path,
+        metavar="DIR",
+        help="Triton's model repository, mounted read-only: the operator reads the model.json "
+        "of models served by Triton's vLLM backend from here to apply LLM profiles",
+    )
+    parser.add_argument(
         "--rate-window", type=float, default=10.0, help="seconds over which rates are reported"
     )
     parser.add_argument(
@@ -77,6 +87,8 @@ def run(arguments: argparse.Namespace) -> int:
     )
     from batchpilot_sidecar import collecting, recommending, serving
 
+    if arguments.model_repository is not None and not arguments.model_repository.is_dir():
+        raise ValueError(f"--model-repository {arguments.model_repository} is not a directory")
     objective = (
         recommending.Objective(p95_ms=arguments.slo_p95_ms) if arguments.slo_p95_ms else None
     )
@@ -97,6 +109,7 @@ def run(arguments: argparse.Namespace) -> int:
             pod=arguments.pod_name,
             default_objective=objective,
             models=[name for name in (arguments.models or "").split(",") if name],
+            model_repository=arguments.model_repository,
         )
     )
 

@@ -1,4 +1,6 @@
-"""The sidecar process: the collection loop, and /metrics, /status and /healthz in front of it.
+"""The sidecar process: the collection loop, and /metrics, /status and /healthz in front of it;
+and, when the Pod's model repository is mounted, `/v1/models/<model>/engine-arguments`: the
+`model.json` the operator lays an LLM profile over, which it cannot read from the Pod itself.
 
 `/healthz` answers whether the sidecar itself works — its loop collected recently — and not
 whether Triton or the GPU answer: those are reported in /status, and restarting the sidecar
@@ -13,11 +15,12 @@ import logging
 import signal
 import time
 from collections.abc import Collection
+from pathlib import Path
 
 from aiohttp import web
 
 from batchpilot_sidecar import collecting, gpus, recommending, statuses, telemetry
-from batchpilot_triton import exposition, reports, servers
+from batchpilot_triton import exposition, reports, repositories, servers
 
 logger = logging.getLogger("batchpilot.sidecar")
 
@@ -31,6 +34,7 @@ def application(
     *,
     default_objective: recommending.Objective | None = None,
     started: float | None = None,
+    model_repository: Path | None = None,
 ) -> web.Application:
     started_at = collector.clock() if started is None else started
     registry = telemetry.registry(collector, objective=lambda: default_objective)
@@ -50,11 +54,38 @@ def application(
             return web.Response(status=503, text=f"no collection for over {allowed:g}s\n")
         return web.Response(text="ok\n")
 
+    async def engine_arguments(request: web.Request) -> web.Response:
+        model = request.match_info["model"]
+        if model_repository is None:
+            return web.json_response(
+                {
+                    "error": "this sidecar reads no model repository: start it with "
+                    "--model-repository DIR (the Pod's repository, mounted read-only)"
+                },
+                status=404,
+            )
+        try:
+            found = await asyncio.to_thread(
+                repositories.read_repository_arguments, model_repository, model
+            )
+        except repositories.RepositoryError as error:
+            return web.json_response({"error": str(error)}, status=_status_of(error))
+        return web.json_response({"model": model, **found.to_json()})
+
     app = web.Application()
     app.router.add_get("/metrics", exposition.metrics_handler(registry))
     app.router.add_get("/status", status)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/v1/models/{model}/engine-arguments", engine_arguments)
     return app
+
+
+def _status_of(error: repositories.RepositoryError) -> int:
+    if isinstance(error, repositories.InvalidModelName):
+        return 400
+    if isinstance(error, repositories.NotInRepository):
+        return 404
+    return 500
 
 
 async def run_sidecar(
@@ -67,6 +98,7 @@ async def run_sidecar(
     pod: str | None = None,
     default_objective: recommending.Objective | None = None,
     models: Collection[str] = (),
+    model_repository: Path | None = None,
 ) -> int:
     """`batchpilot sidecar`: collect and serve until SIGTERM or Ctrl-C, then stop cleanly."""
     # A reading slower than the interval is late anyway; a little slack for busy servers.
@@ -75,7 +107,12 @@ async def run_sidecar(
     )
     monitor = gpus.GpuMonitor(gpus.NvmlReader(), dcgm_url=dcgm_url, pod=pod)
     collector = collecting.Collector(triton, monitor, models=models, settings=settings)
-    app = application(collector, default_objective=default_objective, started=time.monotonic())
+    app = application(
+        collector,
+        default_objective=default_objective,
+        started=time.monotonic(),
+        model_repository=model_repository,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -11,7 +11,9 @@ need sits here, below them both:
 - `modelconfigs`: what batchpilot reads in a served model configuration;
 - `reports`: the sidecar's `/status` document, one typed model that the sidecar writes and the
   operator reads, and the query that asks it for recommendations;
-- `exposition`: serving a Prometheus registry on `/metrics`.
+- `exposition`: serving a Prometheus registry on `/metrics`;
+- `repositories`: an LLM model's engine arguments (`model.json`) in a model repository, which
+  the runner reads itself and the operator asks the sidecar for.
 
 Nothing here knows policies, Kubernetes or the GPU.
 """

@@ -22,7 +22,7 @@ from batchpilot.applying import actuators, engines, overrides, rollouts
 from batchpilot.policy import rendering, specs
 from batchpilot.signals import sources
 from batchpilot_harness import llm_load, llm_models, local_sidecar, local_triton, processes
-from batchpilot_triton import engine_metrics, modelconfigs, scraping, servers
+from batchpilot_triton import engine_metrics, modelconfigs, repositories, scraping, servers
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -186,7 +186,7 @@ async def test_engine_settings_the_model_cannot_take_are_refused_before_any_relo
 def test_the_repository_model_json_is_what_the_engine_was_started_with(
     llm_server: local_triton.LocalTriton,
 ) -> None:
-    base = engines.read_repository_arguments(llm_server.model_repository, MODEL)
+    base = repositories.read_repository_arguments(llm_server.model_repository, MODEL)
     assert base.version == "1"
     assert base.arguments == json.loads(
         (Path(llm_server.model_repository) / MODEL / "1" / "model.json").read_text()

@@ -83,7 +83,7 @@ class FakeFleet:
 
     async def apply(
         self,
-        url: str,
+        replica: Replica,
         model: str,
         settings: rendering.Settings,
         *,
@@ -91,8 +91,8 @@ class FakeFleet:
         unload_first: bool,
         verify_timeout: float,
     ) -> actuators.Applied:
-        server = self._server(url)
-        self.calls.append(("apply", url))
+        server = self._server(replica.http_url)
+        self.calls.append(("apply", replica.http_url))
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         try:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from batchpilot.applying import engines, overrides
+from batchpilot.applying import engines, overrides, replicas
 from batchpilot.policy import rendering, specs
 from batchpilot_triton import modelconfigs
 
@@ -112,24 +112,10 @@ def test_only_the_vllm_backend_is_an_llm_engine() -> None:
     assert not engines.is_llm_engine({"backend": "python", "max_batch_size": 8})
 
 
-def test_the_repository_model_json_is_read_from_the_newest_version(tmp_path: Path) -> None:
-    for version, seqs in (("1", 8), ("3", 16), ("12", 32)):
-        directory = tmp_path / "llm" / version
-        directory.mkdir(parents=True)
-        (directory / "model.json").write_text(json.dumps({"model": "x", "max_num_seqs": seqs}))
-    (tmp_path / "llm" / "20").mkdir()  # no model.json: not a version of the engine's
-    found = engines.read_repository_arguments(tmp_path, "llm")
-    assert found == engines.RepositoryArguments("12", {"model": "x", "max_num_seqs": 32})
-
-
-@pytest.mark.parametrize(
-    ("model", "message"),
-    [("absent", "cannot list"), ("../etc", "not a model name"), ("broken", "cannot read")],
-)
-def test_an_unreadable_repository_refuses_with_the_reason(
-    tmp_path: Path, model: str, message: str
+async def test_a_repository_that_cannot_give_the_model_json_refuses_the_profile(
+    tmp_path: Path,
 ) -> None:
-    (tmp_path / "broken" / "1").mkdir(parents=True)
-    (tmp_path / "broken" / "1" / "model.json").write_text("{not json")
-    with pytest.raises(engines.EngineArgumentsUnavailable, match=message):
-        engines.read_repository_arguments(tmp_path, model)
+    (tmp_path / "llm" / "1").mkdir(parents=True)
+    repository = engines.ModelRepository(tmp_path)
+    with pytest.raises(engines.EngineArgumentsUnavailable, match=r"no model\.json in a version"):
+        await repository.repository_arguments(replicas.from_url("http://127.0.0.1:8000"), "llm")

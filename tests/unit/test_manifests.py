@@ -141,6 +141,18 @@ def test_triton_example_is_governable() -> None:
         for port in container["ports"]
     }
     assert ports == {"http": 8000, "grpc": 8001, "metrics": 8002, "sidecar": 9400}
+    # The sidecar reads Triton's repository, read-only, to serve vLLM models' model.json.
+    sidecar = containers["batchpilot-sidecar"]
+    (repository,) = [arg for arg in triton["args"] if arg.startswith("--model-repository=")]
+    mount = repository.removeprefix("--model-repository=")
+    assert f"--model-repository={mount}" in sidecar["args"]
+    assert sidecar["volumeMounts"] == [
+        {"name": mounted["name"], "mountPath": mount, "readOnly": True}
+        for mounted in triton["volumeMounts"]
+        if mounted["mountPath"] == mount
+    ]
+    assert sidecar["securityContext"]["readOnlyRootFilesystem"] is True
+    assert sidecar["securityContext"]["runAsNonRoot"] is True
     # The sample policies select these Pods by the label the Deployment gives them.
     assert deployment["spec"]["template"]["metadata"]["labels"] == {
         "app.kubernetes.io/name": "triton"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 from pathlib import Path
@@ -9,6 +10,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+import yarl
 from prometheus_client.parser import text_string_to_metric_families
 
 from batchpilot import cli
@@ -295,6 +297,7 @@ def test_the_readme_documents_every_metric() -> None:
         (["--listen", "9400"], "expected HOST:PORT"),
         (["--interval", "0"], "interval must be positive"),
         (["--slo-p95-ms", "-5"], "must be positive"),
+        (["--model-repository", "/nonexistent/models"], "is not a directory"),
     ],
 )
 def test_the_command_refuses_what_cannot_work(
@@ -317,3 +320,86 @@ async def test_a_port_in_use_is_an_error_not_a_traceback() -> None:
                 listen=("127.0.0.1", port),
                 settings=collecting.Settings(),
             )
+
+
+def llm_repository(root: Path) -> Path:
+    """A repository with an LLM model (versions 1 and 2), a classic model, and a model.json
+    just outside it."""
+    repository = root / "models"
+    for version, seqs in (("1", 8), ("2", 16)):
+        (repository / "tiny_llm" / version).mkdir(parents=True)
+        (repository / "tiny_llm" / version / "model.json").write_text(
+            json.dumps({"model": "/models/tiny-llama", "max_num_seqs": seqs})
+        )
+    (repository / "classic" / "1").mkdir(parents=True)
+    (root / "model.json").write_text('{"secret": true}')
+    return repository
+
+
+async def get_raw(url: str) -> tuple[int, Any]:
+    """GET a URL exactly as written: no client-side normalization of dots or escapes."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(yarl.URL(url, encoded=True)) as response,
+    ):
+        if response.content_type == "application/json":
+            return response.status, await response.json()
+        return response.status, await response.text()
+
+
+async def test_the_engine_arguments_are_the_newest_versions_model_json(tmp_path: Path) -> None:
+    collector = make_collector(FakeTriton(), Clock())
+    async with serving_app(collector, model_repository=llm_repository(tmp_path)) as url:
+        status, body = await get(f"{url}/v1/models/tiny_llm/engine-arguments")
+    assert status == 200
+    assert body == {
+        "model": "tiny_llm",
+        "version": "2",
+        "arguments": {"model": "/models/tiny-llama", "max_num_seqs": 16},
+    }
+
+
+@pytest.mark.parametrize(
+    ("model", "error"),
+    [
+        ("absent", "'absent' is not in the model repository"),
+        ("classic", "model 'classic' has no model.json in a version directory"),
+    ],
+)
+async def test_a_model_without_engine_arguments_is_not_found_with_the_reason(
+    tmp_path: Path, model: str, error: str
+) -> None:
+    collector = make_collector(FakeTriton(), Clock())
+    async with serving_app(collector, model_repository=llm_repository(tmp_path)) as url:
+        status, body = await get(f"{url}/v1/models/{model}/engine-arguments")
+    assert status == 404
+    assert error in body["error"]
+
+
+async def test_without_a_model_repository_there_are_no_engine_arguments_to_serve() -> None:
+    collector = make_collector(FakeTriton(), Clock())
+    async with serving_app(collector) as url:
+        status, body = await get(f"{url}/v1/models/tiny_llm/engine-arguments")
+    assert status == 404
+    assert "--model-repository" in body["error"]
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/models/%2E%2E/engine-arguments",
+        "/v1/models/..%2Fmodels%2Ftiny_llm/engine-arguments",
+        "/v1/models/%2E/engine-arguments",
+        "/v1/models/../engine-arguments",
+        "/v1/models/a%5Cb/engine-arguments",
+    ],
+)
+async def test_a_name_that_would_leave_the_repository_reads_nothing(
+    tmp_path: Path, path: str
+) -> None:
+    collector = make_collector(FakeTriton(), Clock())
+    async with serving_app(collector, model_repository=llm_repository(tmp_path)) as url:
+        status, body = await get_raw(f"{url}{path}")
+    # The router hands the handler the name with its escapes decoded: the check is what stops it.
+    assert status == 400
+    assert "is not a model name" in body["error"]

@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from batchpilot.applying import engines, overrides
+from batchpilot.applying import engines, overrides, replicas
+from batchpilot.applying.replicas import Replica
 from batchpilot.policy import rendering
 from batchpilot_triton import modelconfigs, servers
 
@@ -54,11 +55,13 @@ async def apply_profile(
     unload_first: bool = False,
     verify_timeout: float = 120.0,
     engine_arguments: engines.EngineArgumentsSource | None = None,
+    replica: Replica | None = None,
 ) -> Applied:
     """Make `model` on `server` run `profile`; raises ProfileRefused, ApplyFailed or TritonError.
 
     A model served by an LLM engine takes the profile's `llm` settings in its `model.json`, built
-    on the repository's, which `engine_arguments` reads."""
+    on the repository's, which `engine_arguments` reads for `replica` (default: the server, named
+    by its URL)."""
     clock = asyncio.get_running_loop().time
     started = clock()
     served = await server.model_config(model)
@@ -72,7 +75,9 @@ async def apply_profile(
                 f"model {model!r} is served by Triton's vLLM backend: setting its engine "
                 "arguments needs its repository's model.json, and none was given to read it from"
             )
-        base = await engine_arguments.repository_arguments(model)
+        base = await engine_arguments.repository_arguments(
+            replica or replicas.from_url(server.url), model
+        )
         wanted: overrides.Override = engines.merge(
             served, base, settings, profile=profile, model=model
         )

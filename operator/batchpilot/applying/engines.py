@@ -10,6 +10,10 @@ profile's arguments on top.
 The served configuration does not show `model.json`, so batchpilot also writes the arguments it
 set into a config parameter (`batchpilot.dev/engine-arguments`): that is what verification reads
 back, and what a rollback rebuilds the previous file from.
+
+The repository's `model.json` comes from an `EngineArgumentsSource`: the standalone runner reads
+the repository directory it is given; in a cluster only the Pod sees its repository, so the
+sidecar beside Triton mounts it and serves the file (`batchpilot.applying.pod_repositories`).
 """
 
 from __future__ import annotations
@@ -22,12 +26,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from batchpilot.applying.overrides import Override, ProfileRefused
+from batchpilot.applying.replicas import Replica
 from batchpilot.policy import rendering
-from batchpilot_triton import modelconfigs
+from batchpilot_triton import modelconfigs, repositories
 from batchpilot_triton.modelconfigs import ModelConfig
 
 VLLM_BACKEND = "vllm"
-ENGINE_ARGUMENTS_FILE = "model.json"
+# Named here by the apply path; they live below both programs, where the sidecar reads them too.
+ENGINE_ARGUMENTS_FILE = repositories.ENGINE_ARGUMENTS_FILE
+RepositoryArguments = repositories.RepositoryArguments
 
 
 def is_llm_engine(config: Mapping[str, Any]) -> bool:
@@ -35,19 +42,10 @@ def is_llm_engine(config: Mapping[str, Any]) -> bool:
     return config.get("backend") == VLLM_BACKEND
 
 
-@dataclass(frozen=True)
-class RepositoryArguments:
-    """A model's engine arguments as its repository has them."""
-
-    version: str
-    """The version directory that holds `model.json`."""
-    arguments: dict[str, Any]
-
-
 class EngineArgumentsSource(Protocol):
-    """Where the repository's `model.json` of a model is read from."""
+    """Where the repository's `model.json` of a model a replica serves is read from."""
 
-    async def repository_arguments(self, model: str) -> RepositoryArguments: ...
+    async def repository_arguments(self, replica: Replica, model: str) -> RepositoryArguments: ...
 
 
 class EngineArgumentsUnavailable(ProfileRefused):
@@ -56,44 +54,16 @@ class EngineArgumentsUnavailable(ProfileRefused):
 
 @dataclass(frozen=True)
 class ModelRepository:
-    """A model repository on a file system this process can read (the standalone runner's, the
-    sidecar's read-only mount)."""
+    """A model repository on a file system this process can read, the one every replica loads
+    from (the standalone runner's)."""
 
     path: Path
 
-    async def repository_arguments(self, model: str) -> RepositoryArguments:
-        return read_repository_arguments(self.path, model)
-
-
-def read_repository_arguments(repository: Path, model: str) -> RepositoryArguments:
-    """The `model.json` of the model's newest numbered version in `repository`."""
-    if "/" in model or model in ("", ".", ".."):
-        raise EngineArgumentsUnavailable(f"{model!r} is not a model name")
-    directory = repository / model
-    versions = sorted(
-        (int(entry.name) for entry in _directories(directory) if entry.name.isdigit()),
-        reverse=True,
-    )
-    for version in versions:
-        path = directory / str(version) / ENGINE_ARGUMENTS_FILE
-        if path.is_file():
-            try:
-                arguments = json.loads(path.read_text())
-            except (OSError, ValueError) as error:
-                raise EngineArgumentsUnavailable(f"cannot read {path}: {error}") from None
-            if not isinstance(arguments, dict):
-                raise EngineArgumentsUnavailable(f"{path} is not a JSON object")
-            return RepositoryArguments(version=str(version), arguments=arguments)
-    raise EngineArgumentsUnavailable(
-        f"model {model!r} has no {ENGINE_ARGUMENTS_FILE} in a version directory of {directory}"
-    )
-
-
-def _directories(directory: Path) -> list[Path]:
-    try:
-        return [entry for entry in directory.iterdir() if entry.is_dir()]
-    except OSError as error:
-        raise EngineArgumentsUnavailable(f"cannot list {directory}: {error}") from None
+    async def repository_arguments(self, replica: Replica, model: str) -> RepositoryArguments:
+        try:
+            return repositories.read_repository_arguments(self.path, model)
+        except repositories.RepositoryError as error:
+            raise EngineArgumentsUnavailable(str(error)) from None
 
 
 def applied_arguments(config: Mapping[str, Any]) -> dict[str, Any] | None:

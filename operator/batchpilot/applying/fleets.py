@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from batchpilot.applying import actuators, backoffs, engines
+from batchpilot.applying.replicas import Replica
 from batchpilot.policy import rendering
 from batchpilot_triton import scraping, servers
 
@@ -119,7 +120,7 @@ class TritonFleet:
 
     async def apply(
         self,
-        url: str,
+        replica: Replica,
         model: str,
         settings: rendering.Settings,
         *,
@@ -128,7 +129,7 @@ class TritonFleet:
         verify_timeout: float,
     ) -> actuators.Applied:
         return await self._ask(
-            url,
+            replica.http_url,
             lambda server: actuators.apply_profile(
                 server,
                 model,
@@ -137,5 +138,6 @@ class TritonFleet:
                 unload_first=unload_first,
                 verify_timeout=verify_timeout,
                 engine_arguments=self._engine_arguments,
+                replica=replica,
             ),
         )

@@ -82,7 +82,7 @@ class Fleet(Protocol):
 
     async def apply(
         self,
-        url: str,
+        replica: Replica,
         model: str,
         settings: rendering.Settings,
         *,
@@ -387,7 +387,7 @@ async def _switch(
     try:
         for model in models:
             done = await fleet.apply(
-                replica.http_url,
+                replica,
                 model,
                 plan.settings,
                 profile=plan.profile,

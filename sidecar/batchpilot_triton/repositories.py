@@ -1,0 +1,108 @@
+"""A Triton model repository on a file system: the engine arguments an LLM model is served with.
+
+Triton's vLLM backend takes its engine arguments from `model.json` in the model's version
+directory, and the served configuration does not show them. Whoever applies an LLM profile lays
+the profile's arguments over that file, so it needs the file as the repository has it: the
+standalone runner reads the repository it is given, the sidecar reads the Pod's (a read-only
+mount) and serves it to the operator, which cannot reach the Pod's files. Both read it here, and
+the sidecar's answer carries `RepositoryArguments` as JSON.
+
+A model name becomes a path, so it is checked first: a directory name as Triton names models,
+never `.`, `..` or anything with a separator, and the file read must lie inside the repository.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ENGINE_ARGUMENTS_FILE = "model.json"
+MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+"""A model name as a directory of the repository: no separators, not `.` or `..`."""
+
+
+class RepositoryError(Exception):
+    """The engine arguments could not be read; the message says why."""
+
+
+class InvalidModelName(RepositoryError):
+    """The name is not one Triton could serve from a repository directory."""
+
+
+class NotInRepository(RepositoryError):
+    """The repository has no such model, or no `model.json` in its version directories."""
+
+
+@dataclass(frozen=True)
+class RepositoryArguments:
+    """A model's engine arguments as its repository has them."""
+
+    version: str
+    """The version directory that holds `model.json`."""
+    arguments: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.version, "arguments": self.arguments}
+
+    @classmethod
+    def from_json(cls, document: object) -> RepositoryArguments:
+        """Parse `to_json`'s document; raises ValueError saying what is wrong."""
+        if not isinstance(document, Mapping):
+            raise ValueError("not a JSON object")
+        version, arguments = document.get("version"), document.get("arguments")
+        if not isinstance(version, str) or not version.isdigit():
+            raise ValueError(f"version {version!r} is not a version directory's name")
+        if not isinstance(arguments, dict):
+            raise ValueError(f"arguments {arguments!r} are not a JSON object")
+        return cls(version=version, arguments=arguments)
+
+
+def check_model_name(model: str) -> str:
+    if not MODEL_NAME.fullmatch(model) or model in (".", ".."):
+        raise InvalidModelName(
+            f"{model!r} is not a model name (letters, digits, '_', '.', '-'; a directory of the "
+            "model repository)"
+        )
+    return model
+
+
+def read_repository_arguments(repository: Path, model: str) -> RepositoryArguments:
+    """The `model.json` of the model's newest numbered version in `repository`."""
+    directory = repository / check_model_name(model)
+    if not directory.is_dir():
+        raise NotInRepository(f"model {model!r} is not in the model repository {repository}")
+    versions = sorted(
+        (int(entry.name) for entry in _directories(directory) if entry.name.isdigit()),
+        reverse=True,
+    )
+    for version in versions:
+        path = directory / str(version) / ENGINE_ARGUMENTS_FILE
+        if path.is_file():
+            return RepositoryArguments(version=str(version), arguments=_read(repository, path))
+    raise NotInRepository(
+        f"model {model!r} has no {ENGINE_ARGUMENTS_FILE} in a version directory of {directory}"
+    )
+
+
+def _read(repository: Path, path: Path) -> dict[str, Any]:
+    # A link out of the repository would let a model name read any file the process can.
+    if not path.resolve().is_relative_to(repository.resolve()):
+        raise RepositoryError(f"{path} leads out of the model repository {repository}")
+    try:
+        arguments = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise RepositoryError(f"cannot read {path}: {error}") from None
+    if not isinstance(arguments, dict):
+        raise RepositoryError(f"{path} is not a JSON object")
+    return arguments
+
+
+def _directories(directory: Path) -> list[Path]:
+    try:
+        return [entry for entry in directory.iterdir() if entry.is_dir()]
+    except OSError as error:
+        raise RepositoryError(f"cannot list {directory}: {error}") from None

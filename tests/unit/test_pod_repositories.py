@@ -1,0 +1,164 @@
+"""The operator reads an LLM model's model.json from the sidecar beside its Pod: the sidecar's own
+app answers, what it cannot give refuses the profile with its reason, and the operator's fleet
+lays a profile over what the sidecar served."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from batchpilot import operating
+from batchpilot.applying import engines, pod_repositories
+from batchpilot.applying.replicas import Replica
+from batchpilot.policy import rendering, specs
+from batchpilot_sidecar import serving
+from fake_triton import FakeTriton
+from sidecar_builders import Clock, make_collector
+
+MODEL = "tiny_llm"
+REPOSITORY_ARGUMENTS = {"model": "/models/tiny-llama", "max_model_len": 512, "max_num_seqs": 16}
+# What tritonserver 2.51 reported for manifests/llm-repository/tiny_llm (GET .../config), cut.
+SERVED: dict[str, Any] = {
+    "name": MODEL,
+    "backend": "vllm",
+    "max_batch_size": 0,
+    "parameters": {"REPORT_CUSTOM_METRICS": {"string_value": "true"}},
+}
+
+Serve = Callable[[web.Application], Awaitable[str]]
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Serve]:
+    runners: list[web.AppRunner] = []
+
+    async def start(app: web.Application) -> str:
+        runner = web.AppRunner(app, shutdown_timeout=0.1, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        runners.append(runner)
+        return f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
+
+
+def sidecar_app(tmp_path: Path, *, with_repository: bool = True) -> web.Application:
+    """The real sidecar's app, over a repository whose newest version of tiny_llm is 3."""
+    repository = tmp_path / "models"
+    for version in ("1", "3"):
+        (repository / MODEL / version).mkdir(parents=True)
+        (repository / MODEL / version / "model.json").write_text(json.dumps(REPOSITORY_ARGUMENTS))
+    return serving.application(
+        make_collector(FakeTriton(), Clock()),
+        model_repository=repository if with_repository else None,
+    )
+
+
+def pod(sidecar_url: str | None, http_url: str = "http://127.0.0.1:9") -> Replica:
+    return Replica(name="triton-0", http_url=http_url, sidecar_url=sidecar_url, kind="pod")
+
+
+async def test_the_pods_sidecar_gives_the_model_json_of_the_newest_version(
+    tmp_path: Path, serve: Serve
+) -> None:
+    sidecar = await serve(sidecar_app(tmp_path))
+    found = await pod_repositories.SidecarEngineArguments().repository_arguments(
+        pod(sidecar), MODEL
+    )
+    assert found == engines.RepositoryArguments("3", REPOSITORY_ARGUMENTS)
+
+
+@pytest.mark.parametrize(
+    ("model", "with_repository", "reason"),
+    [
+        ("absent", True, r"\(HTTP 404\): model 'absent' is not in the model repository"),
+        (MODEL, False, r"\(HTTP 404\): this sidecar reads no model repository"),
+        ("..", True, r"^'\.\.' is not a model name"),
+    ],
+)
+async def test_what_the_sidecar_cannot_give_refuses_the_profile_with_its_reason(
+    tmp_path: Path, serve: Serve, model: str, with_repository: bool, reason: str
+) -> None:
+    sidecar = await serve(sidecar_app(tmp_path, with_repository=with_repository))
+    with pytest.raises(engines.EngineArgumentsUnavailable, match=reason):
+        await pod_repositories.SidecarEngineArguments().repository_arguments(pod(sidecar), model)
+
+
+async def test_an_answer_that_is_no_engine_arguments_refuses_the_profile(serve: Serve) -> None:
+    async def wrong(_: web.Request) -> web.Response:
+        return web.json_response({"version": "latest", "arguments": {}})
+
+    app = web.Application()
+    app.router.add_get("/v1/models/{model}/engine-arguments", wrong)
+    sidecar = await serve(app)
+    with pytest.raises(engines.EngineArgumentsUnavailable, match="not a version directory's name"):
+        await pod_repositories.SidecarEngineArguments().repository_arguments(pod(sidecar), MODEL)
+
+
+async def test_a_sidecar_that_does_not_answer_refuses_the_profile() -> None:
+    # Nothing listens on the discard port of loopback: the connection is refused at once.
+    source = pod_repositories.SidecarEngineArguments(timeout=2.0)
+    with pytest.raises(engines.EngineArgumentsUnavailable, match=r"sidecar http://127.0.0.1:9 of"):
+        await source.repository_arguments(pod("http://127.0.0.1:9"), MODEL)
+
+
+async def test_a_pod_without_a_sidecar_refuses_the_profile_and_says_so() -> None:
+    with pytest.raises(engines.EngineArgumentsUnavailable, match="beside pod triton-0, which has"):
+        await pod_repositories.SidecarEngineArguments().repository_arguments(pod(None), MODEL)
+
+
+class ScriptedLlmTriton:
+    """A Triton serving one vLLM model: a load takes the config it is sent, files and all."""
+
+    def __init__(self) -> None:
+        self.config: dict[str, Any] = dict(SERVED)
+        self.loads: list[dict[str, str]] = []
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/v2/models/{model}/config", self.get_config)
+        app.router.add_get("/v2/models/{model}/ready", self.ready)
+        app.router.add_post("/v2/repository/models/{model}/load", self.load)
+        return app
+
+    async def get_config(self, _: web.Request) -> web.Response:
+        return web.json_response(self.config)
+
+    async def ready(self, _: web.Request) -> web.Response:
+        return web.Response()
+
+    async def load(self, request: web.Request) -> web.Response:
+        parameters: dict[str, str] = (await request.json())["parameters"]
+        self.loads.append(parameters)
+        self.config = json.loads(parameters["config"])
+        return web.json_response({})
+
+
+async def test_the_operators_fleet_lays_the_profile_over_the_model_json_of_the_pods_sidecar(
+    tmp_path: Path, serve: Serve
+) -> None:
+    triton = ScriptedLlmTriton()
+    replica = pod(await serve(sidecar_app(tmp_path)), http_url=await serve(triton.app()))
+    settings = rendering.render(specs.Profile.model_validate({"llm": {"maxNumSeqs": 4}}))
+    fleet = operating.triton_fleet()
+    try:
+        applied = await fleet.apply(
+            replica, MODEL, settings, profile="interactive", unload_first=False, verify_timeout=5
+        )
+    finally:
+        await fleet.close()
+    assert applied.reloaded
+    (load,) = triton.loads
+    assert set(load) == {"config", "file:3/model.json"}
+    assert json.loads(base64.b64decode(load["file:3/model.json"])) == {
+        **REPOSITORY_ARGUMENTS,
+        "max_num_seqs": 4,
+    }
