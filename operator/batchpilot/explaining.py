@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from batchpilot.policy import decisions, durations, leads, loads, specs
+from batchpilot.policy import decisions, durations, leads, loads, rendering, specs
 
 SIGNAL_NAMES = (*specs.LOAD_METRICS, decisions.RECOMMENDED_QUEUE_DELAY)
 
@@ -84,6 +84,7 @@ def as_json(
         "dynamic_batching": decision.settings.dynamic_batching,
         "max_batch_size": decision.settings.max_batch_size,
         "llm_engine_arguments": decision.settings.engine_arguments,
+        "llm_tensorrt_llm_parameters": decision.settings.tensorrt_llm_parameters,
         "signals": dict(signals.metrics),
         "load_rules": [
             {"rule": loads.describe(rule), "profile": rule.profile, "holding": state.holding}
@@ -128,11 +129,30 @@ def as_text(
     lines.append("dynamic_batching: " + json.dumps(decision.settings.dynamic_batching, indent=2))
     if decision.settings.max_batch_size is not None:
         lines.append(f"max_batch_size:   {decision.settings.max_batch_size}")
-    if decision.settings.engine_arguments is not None:
+    settings = decision.settings
+    if settings.engine_arguments is not None:
         lines.append(
-            "LLM engine (vLLM model.json): " + json.dumps(decision.settings.engine_arguments)
+            "LLM engine (vLLM model.json): "
+            + _engine_settings(settings.engine_arguments, settings, rendering.VLLM_FIELDS)
+        )
+    if settings.tensorrt_llm_parameters is not None:
+        lines.append(
+            "LLM engine (TensorRT-LLM config parameters): "
+            + _engine_settings(
+                settings.tensorrt_llm_parameters, settings, rendering.TENSORRT_LLM_FIELDS
+            )
         )
     return "\n".join(lines)
+
+
+def _engine_settings(
+    values: Mapping[str, Any], settings: rendering.Settings, takes: frozenset[str]
+) -> str:
+    """An llm section as one backend takes it, or why that backend would refuse it."""
+    unsupported = sorted(settings.llm_fields - takes)
+    if unsupported:
+        return "refused: the backend has no setting for " + ", ".join(unsupported)
+    return json.dumps(dict(values))
 
 
 def _pairs(values: Mapping[str, float]) -> str:

@@ -9,8 +9,12 @@ batchpilot keeps its own facts about a model in config parameters, named here on
 - `batchpilot.dev/baseline-max-batch-size`: the model's own `max_batch_size` from its
   repository, which a profile may lower but never raise. A restarted server forgets both, which
   is exactly right: its config is the repository's again;
-- `batchpilot.dev/engine-arguments`: for a model served by an LLM engine, the engine arguments
-  (JSON) batchpilot wrote into its `model.json`, which the served config does not otherwise show;
+- `batchpilot.dev/engine-arguments`: for a model served by an LLM engine, the engine settings
+  (JSON) batchpilot set: for vLLM the arguments it wrote into `model.json`, which the served
+  config does not otherwise show; for TensorRT-LLM the config parameters it set;
+- `batchpilot.dev/baseline-parameters`: for TensorRT-LLM, the repository's own values (JSON,
+  null where the repository has none) of the config parameters batchpilot set, which the next
+  profile starts from, as a profile's max_batch_size starts from the baseline above;
 - `batchpilot.dev/memory-per-item-bytes`: declared by the model's author, the device memory one
   more batch item takes, for the sidecar's memory cap on the preferred batch size.
 """
@@ -24,6 +28,7 @@ from typing import Any
 PROFILE_PARAMETER = "batchpilot.dev/profile"
 BASELINE_PARAMETER = "batchpilot.dev/baseline-max-batch-size"
 ENGINE_ARGUMENTS_PARAMETER = "batchpilot.dev/engine-arguments"
+BASELINE_PARAMETERS_PARAMETER = "batchpilot.dev/baseline-parameters"
 MEMORY_PER_ITEM_PARAMETER = "batchpilot.dev/memory-per-item-bytes"
 
 ModelConfig = dict[str, Any]

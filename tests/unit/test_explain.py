@@ -159,3 +159,30 @@ def test_explain_shows_an_llm_profile_s_engine_arguments(
     assert cli.main(["explain", "--policy", str(llm_policy), "--at", at, "-o", "json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["llm_engine_arguments"]["max_num_seqs"] == 8
+
+
+def test_explain_shows_an_llm_profile_s_tensorrt_llm_parameters(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        "target: {selector: {}}\n"
+        "profiles: {bulk: {llm: {batchSchedulerPolicy: maxUtilization, chunkedPrefill: true}}}\n"
+        "defaultProfile: bulk\n",
+        encoding="utf-8",
+    )
+    assert cli.main(["explain", "--policy", str(policy)]) == 0
+    text = capsys.readouterr().out
+    assert (
+        "LLM engine (TensorRT-LLM config parameters): "
+        '{"enable_chunked_context": "true", "batch_scheduler_policy": "max_utilization"}'
+    ) in text
+    assert (
+        "LLM engine (vLLM model.json): refused: the backend has no setting for batchSchedulerPolicy"
+    ) in text
+    assert cli.main(["explain", "--policy", str(policy), "-o", "json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["llm_tensorrt_llm_parameters"] == {
+        "enable_chunked_context": "true",
+        "batch_scheduler_policy": "max_utilization",
+    }

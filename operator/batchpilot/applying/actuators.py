@@ -59,9 +59,9 @@ async def apply_profile(
 ) -> Applied:
     """Make `model` on `server` run `profile`; raises ProfileRefused, ApplyFailed or TritonError.
 
-    A model served by an LLM engine takes the profile's `llm` settings in its `model.json`, built
-    on the repository's, which `engine_arguments` reads for `replica` (default: the server, named
-    by its URL)."""
+    A model served by vLLM takes the profile's `llm` settings in its `model.json`, built on the
+    repository's, which `engine_arguments` reads for `replica` (default: the server, named by its
+    URL); one served by TensorRT-LLM takes them as config parameters."""
     clock = asyncio.get_running_loop().time
     started = clock()
     served = await server.model_config(model)
@@ -82,8 +82,8 @@ async def apply_profile(
             served, base, settings, profile=profile, model=model
         )
     else:
-        wanted = overrides.merge(served, settings, profile=profile, model=model)
-        if overrides.matches(served, wanted):
+        wanted = _merge(served, settings, profile=profile, model=model)
+        if _matches(served, wanted):
             return Applied(model, profile, previous_profile, False, clock() - started)
 
     try:
@@ -111,14 +111,23 @@ def runs(
     """Whether a served model already runs the profile (raises ProfileRefused if it cannot)."""
     if engines.is_llm_engine(served):
         return engines.runs(served, settings, profile=profile, model=model)
-    return overrides.matches(
-        served, overrides.merge(served, settings, profile=profile, model=model)
-    )
+    return _matches(served, _merge(served, settings, profile=profile, model=model))
+
+
+def _merge(
+    served: modelconfigs.ModelConfig, settings: rendering.Settings, *, profile: str, model: str
+) -> overrides.Override:
+    """The config-only load request of a profile: TensorRT-LLM parameters, or dynamic batching."""
+    if engines.is_tensorrt_llm(served):
+        return engines.merge_parameters(served, settings, profile=profile, model=model)
+    return overrides.merge(served, settings, profile=profile, model=model)
 
 
 def _matches(served: modelconfigs.ModelConfig, wanted: overrides.Override) -> bool:
     if engines.is_llm_engine(wanted.config):
         return engines.matches(served, wanted)
+    if engines.is_tensorrt_llm(wanted.config):
+        return engines.parameters_match(served, wanted)
     return overrides.matches(served, wanted)
 
 

@@ -1,4 +1,5 @@
-"""The load request a profile becomes for a model served by an LLM engine (Triton's vLLM backend).
+"""The load request a profile becomes for a model served by an LLM engine (Triton's vLLM and
+TensorRT-LLM backends).
 
 vLLM batches continuously inside the engine, so its batching knobs are engine arguments, kept in
 the `model.json` file of the model's version directory, not in the model configuration. A
@@ -14,6 +15,15 @@ back, and what a rollback rebuilds the previous file from.
 The repository's `model.json` comes from an `EngineArgumentsSource`: the standalone runner reads
 the repository directory it is given; in a cluster only the Pod sees its repository, so the
 sidecar beside Triton mounts it and serves the file (`batchpilot.applying.pod_repositories`).
+
+Triton's TensorRT-LLM backend (`backend: "tensorrtllm"`) reads its batching knobs from config
+parameters instead, so a profile is applied by a config-only load, as `dynamic_batching` is: the
+served configuration with the profile's parameters on top. Its parameters show in the served
+configuration, so verification reads them back and a rollback loads the previous configuration
+again. Like a profile's max_batch_size, the parameters start from the repository's values, kept
+in `batchpilot.dev/baseline-parameters`, so a field one profile leaves out takes the repository's
+value, not the previous profile's. The backend fixes some knobs when the engine is built
+(max_batch_size, max_num_tokens); a profile that sets them is refused.
 """
 
 from __future__ import annotations
@@ -23,7 +33,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from batchpilot.applying.overrides import Override, ProfileRefused
 from batchpilot.applying.replicas import Replica
@@ -35,11 +45,52 @@ VLLM_BACKEND = "vllm"
 # Named here by the apply path; they live below both programs, where the sidecar reads them too.
 ENGINE_ARGUMENTS_FILE = repositories.ENGINE_ARGUMENTS_FILE
 RepositoryArguments = repositories.RepositoryArguments
+TENSORRT_LLM_BACKEND = "tensorrtllm"
+
+Rendered = TypeVar("Rendered")
+
+
+@dataclass(frozen=True)
+class _Backend:
+    """An LLM backend as a profile's refusals name it."""
+
+    name: str
+    fields: frozenset[str]
+    """The `llm` fields it takes."""
+    lacking: Mapping[str, str]
+    """Why it takes no setting for each of the other fields."""
+
+
+_VLLM = _Backend(
+    "vLLM",
+    rendering.VLLM_FIELDS,
+    {
+        "batchSchedulerPolicy": "a TensorRT-LLM setting; vLLM has no engine argument for it",
+        "maxTokensInPagedKvCache": "a TensorRT-LLM setting; vLLM sizes its KV cache by "
+        "gpu_memory_utilization",
+    },
+)
+_TENSORRT_LLM = _Backend(
+    "TensorRT-LLM",
+    rendering.TENSORRT_LLM_FIELDS,
+    {
+        "maxNumSeqs": "the engine's max_batch_size, fixed by trtllm-build, caps the sequences "
+        "it runs; the backend dropped its max_num_sequences parameter in January 2024",
+        "maxNumBatchedTokens": "the engine's max_num_tokens is fixed by trtllm-build",
+    },
+)
+# gpt_model_type values of static batching, whose engine neither schedules nor chunks in flight.
+_STATIC_BATCHING = ("V1", "v1")
 
 
 def is_llm_engine(config: Mapping[str, Any]) -> bool:
-    """Whether Triton serves the model with an LLM engine whose arguments batchpilot sets."""
+    """Whether Triton serves the model with vLLM, whose engine arguments live in `model.json`."""
     return config.get("backend") == VLLM_BACKEND
+
+
+def is_tensorrt_llm(config: Mapping[str, Any]) -> bool:
+    """Whether Triton serves the model with its TensorRT-LLM backend (config parameters)."""
+    return config.get("backend") == TENSORRT_LLM_BACKEND
 
 
 class EngineArgumentsSource(Protocol):
@@ -75,13 +126,8 @@ def applied_arguments(config: Mapping[str, Any]) -> dict[str, Any] | None:
 def check(base: RepositoryArguments, settings: rendering.Settings, *, model: str) -> dict[str, Any]:
     """The profile's engine arguments; refuses, before anything is applied, settings the model
     cannot take."""
-    if settings.engine_arguments is None:
-        raise ProfileRefused(
-            f"model {model!r} is served by Triton's vLLM backend, which batches inside the "
-            "engine: the profile needs an llm section (maxNumSeqs, maxNumBatchedTokens, "
-            "chunkedPrefill) to set it"
-        )
-    arguments = {**base.arguments, **settings.engine_arguments}
+    engine_arguments = _taken(_VLLM, settings, settings.engine_arguments, model=model)
+    arguments = {**base.arguments, **engine_arguments}
     if "model" not in arguments:
         raise ProfileRefused(f"model {model!r}: its {ENGINE_ARGUMENTS_FILE} names no model")
     tokens = arguments.get("max_num_batched_tokens")
@@ -97,7 +143,7 @@ def check(base: RepositoryArguments, settings: rendering.Settings, *, model: str
             f"{max_model_len}: without chunked prefill a prompt that long could never be "
             "scheduled"
         )
-    return settings.engine_arguments
+    return engine_arguments
 
 
 def merge(
@@ -158,8 +204,86 @@ def matches(served: ModelConfig, wanted: Override) -> bool:
 
 def runs(served: ModelConfig, settings: rendering.Settings, *, profile: str, model: str) -> bool:
     """Whether the server already runs the profile's engine settings (no repository read)."""
-    if settings.engine_arguments is None:
-        check(RepositoryArguments("", {}), settings, model=model)
+    _taken(_VLLM, settings, settings.engine_arguments, model=model)
     return modelconfigs.applied_profile(served) == profile and applied_arguments(served) == (
         settings.engine_arguments
     )
+
+
+def _taken(
+    backend: _Backend, settings: rendering.Settings, rendered: Rendered | None, *, model: str
+) -> Rendered:
+    """The profile's llm section as `backend` takes it (`rendered`); refuses a profile without
+    one, or with fields the backend has no setting for."""
+    if rendered is None:
+        raise ProfileRefused(
+            f"model {model!r} is served by Triton's {backend.name} backend, which batches inside "
+            f"the engine: the profile needs an llm section ({', '.join(sorted(backend.fields))}) "
+            "to set it"
+        )
+    unsupported = sorted(settings.llm_fields - backend.fields)
+    if unsupported:
+        raise ProfileRefused(
+            f"model {model!r} is served by Triton's {backend.name} backend, which has no setting "
+            "for " + "; ".join(f"{field} ({backend.lacking[field]})" for field in unsupported)
+        )
+    return rendered
+
+
+def check_parameters(
+    config: ModelConfig, settings: rendering.Settings, *, model: str
+) -> dict[str, str]:
+    """The profile's TensorRT-LLM config parameters; refuses, before anything is applied,
+    settings the model cannot take."""
+    wanted = _taken(_TENSORRT_LLM, settings, settings.tensorrt_llm_parameters, model=model)
+    batching = modelconfigs.parameter(config, "gpt_model_type")
+    in_flight_only = sorted(
+        field
+        for field, on in (
+            ("batchSchedulerPolicy", "batch_scheduler_policy" in wanted),
+            ("chunkedPrefill", wanted.get("enable_chunked_context") == "true"),
+        )
+        if on
+    )
+    if batching in _STATIC_BATCHING and in_flight_only:
+        raise ProfileRefused(
+            f"model {model!r} batches statically (gpt_model_type {batching}): "
+            f"{', '.join(in_flight_only)} apply to in-flight batching only"
+        )
+    return wanted
+
+
+def baseline_parameters(config: Mapping[str, Any]) -> dict[str, str | None]:
+    """The repository's values of the config parameters batchpilot set on this served
+    configuration (None: the repository has no such parameter)."""
+    stored = modelconfigs.parameter(config, modelconfigs.BASELINE_PARAMETERS_PARAMETER)
+    return {} if stored is None else dict(json.loads(stored))
+
+
+def merge_parameters(
+    config: ModelConfig, settings: rendering.Settings, *, profile: str, model: str
+) -> Override:
+    """The served configuration with the profile's TensorRT-LLM parameters, over the
+    repository's; raises ProfileRefused."""
+    wanted = check_parameters(config, settings, model=model)
+    baseline = baseline_parameters(config)
+    merged = copy.deepcopy(config)
+    parameters = dict(merged.get("parameters") or {})
+    for key, value in baseline.items():
+        if value is None:
+            parameters.pop(key, None)
+        else:
+            parameters[key] = {"string_value": value}
+    for key, value in wanted.items():
+        baseline.setdefault(key, modelconfigs.parameter({"parameters": parameters}, key))
+        parameters[key] = {"string_value": value}
+    parameters[modelconfigs.PROFILE_PARAMETER] = {"string_value": profile}
+    parameters[modelconfigs.ENGINE_ARGUMENTS_PARAMETER] = {"string_value": _canonical(wanted)}
+    parameters[modelconfigs.BASELINE_PARAMETERS_PARAMETER] = {"string_value": _canonical(baseline)}
+    merged["parameters"] = parameters
+    return Override(config=merged, profile=profile)
+
+
+def parameters_match(served: ModelConfig, wanted: Override) -> bool:
+    """Whether the server already runs the wanted TensorRT-LLM parameters (and profile)."""
+    return (served.get("parameters") or {}) == (wanted.config.get("parameters") or {})

@@ -3,6 +3,12 @@
 The rendering is complete: every field of `dynamic_batching` is written out, with Triton's own
 default where the profile leaves it unset. The result depends only on the profile, so it can be
 compared with what a server reports and applied idempotently.
+
+A profile's `llm` section is rendered for both LLM backends, each under its own names: vLLM's
+engine arguments, and TensorRT-LLM's config parameters, which that backend reads as strings
+(`inflight_batcher_llm/src/model_state.cc`: integers by `std::stoi`, booleans from
+"true"/"false"). Which backend serves a model is known only when a server is read, so each
+backend takes the rendering it understands and refuses the fields it has no setting for.
 """
 
 from __future__ import annotations
@@ -24,6 +30,56 @@ class Settings:
     engine_arguments: dict[str, Any] | None = None
     """For models served by an LLM engine: the engine arguments the profile sets, under vLLM's
     names; None when the profile has no `llm` section."""
+    tensorrt_llm_parameters: dict[str, str] | None = None
+    """For models served by Triton's TensorRT-LLM backend: the config parameters the profile
+    sets, with their values as the backend parses them; None when the profile has no `llm`
+    section."""
+    llm_fields: frozenset[str] = frozenset()
+    """The fields the profile's `llm` section sets (camelCase), so that a backend can refuse
+    those it has no setting for."""
+
+
+VLLM_FIELDS = frozenset({"maxNumSeqs", "maxNumBatchedTokens", "chunkedPrefill"})
+"""The `llm` fields Triton's vLLM backend takes (as engine arguments)."""
+TENSORRT_LLM_FIELDS = frozenset(
+    {"chunkedPrefill", "batchSchedulerPolicy", "maxTokensInPagedKvCache"}
+)
+"""The `llm` fields Triton's TensorRT-LLM backend takes (as config parameters)."""
+BATCH_SCHEDULER_POLICIES = {
+    "maxUtilization": "max_utilization",
+    "guaranteedNoEvict": "guaranteed_no_evict",
+}
+"""batchSchedulerPolicy as the TensorRT-LLM backend spells it; it takes any other value for its
+default, with only a warning in its log."""
+
+
+def llm_fields(llm: specs.LlmEngine) -> frozenset[str]:
+    """The fields an `llm` section sets, by their camelCase names."""
+    return frozenset(
+        field.alias or name
+        for name, field in specs.LlmEngine.model_fields.items()
+        if getattr(llm, name) is not None
+    )
+
+
+def tensorrt_llm_parameters(llm: specs.LlmEngine) -> dict[str, str]:
+    """The fields set that the TensorRT-LLM backend takes, as its config parameters."""
+    named = {
+        "enable_chunked_context": (
+            None if llm.chunked_prefill is None else str(llm.chunked_prefill).lower()
+        ),
+        "batch_scheduler_policy": (
+            None
+            if llm.batch_scheduler_policy is None
+            else BATCH_SCHEDULER_POLICIES[llm.batch_scheduler_policy]
+        ),
+        "max_tokens_in_paged_kv_cache": (
+            None
+            if llm.max_tokens_in_paged_kv_cache is None
+            else str(llm.max_tokens_in_paged_kv_cache)
+        ),
+    }
+    return {name: value for name, value in named.items() if value is not None}
 
 
 def _queue_policy(policy: specs.QueuePolicy | None) -> dict[str, Any]:
@@ -60,4 +116,8 @@ def render(profile: specs.Profile, *, queue_delay_microseconds: int | None = Non
         dynamic_batching=dynamic_batching,
         max_batch_size=profile.max_batch_size,
         engine_arguments=None if profile.llm is None else profile.llm.engine_arguments(),
+        tensorrt_llm_parameters=(
+            None if profile.llm is None else tensorrt_llm_parameters(profile.llm)
+        ),
+        llm_fields=frozenset() if profile.llm is None else llm_fields(profile.llm),
     )

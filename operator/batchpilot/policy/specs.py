@@ -115,17 +115,31 @@ class LlmEngine(Model):
     """The batching knobs of an LLM engine behind Triton, which batches continuously inside the
     engine instead of in Triton's dynamic batcher. For Triton's vLLM backend they become engine
     arguments in the model's `model.json` (max_num_seqs, max_num_batched_tokens,
-    enable_chunked_prefill); a field left out keeps the value of the model's own `model.json`."""
+    enable_chunked_prefill); for its TensorRT-LLM backend, config parameters
+    (enable_chunked_context, batch_scheduler_policy, max_tokens_in_paged_kv_cache). A field left
+    out keeps the model's own value; a field the model's backend has no setting for is refused."""
 
     max_num_seqs: Annotated[int, Field(ge=1, le=4096)] | None = None
-    """How many sequences the engine runs at once (vLLM max_num_seqs). Fewer keeps inter-token
-    latency low; more raises output tokens per second."""
+    """How many sequences the engine runs at once (vLLM max_num_seqs; vLLM only: TensorRT-LLM
+    fixes it when the engine is built). Fewer keeps inter-token latency low; more raises output
+    tokens per second."""
     max_num_batched_tokens: Annotated[int, Field(ge=1, le=1_048_576)] | None = None
-    """How many tokens one engine step may process (vLLM max_num_batched_tokens). Small values
-    with chunked prefill keep long prompts from stalling the running sequences."""
+    """How many tokens one engine step may process (vLLM max_num_batched_tokens; vLLM only:
+    TensorRT-LLM fixes it when the engine is built). Small values with chunked prefill keep long
+    prompts from stalling the running sequences."""
     chunked_prefill: bool | None = None
     """Split long prompts into chunks that share steps with decoding sequences (vLLM
-    enable_chunked_prefill)."""
+    enable_chunked_prefill, TensorRT-LLM enable_chunked_context; a TensorRT-LLM engine must be
+    built with use_paged_context_fmha for it)."""
+    batch_scheduler_policy: Literal["maxUtilization", "guaranteedNoEvict"] | None = None
+    """How the engine admits requests (TensorRT-LLM only, batch_scheduler_policy):
+    maxUtilization packs as many as fit each step and may pause some when the KV cache runs out
+    (more throughput); guaranteedNoEvict starts a request only if it can run to the end (the
+    backend's default)."""
+    max_tokens_in_paged_kv_cache: Annotated[int, Field(ge=1, le=2_147_483_647)] | None = None
+    """A cap on the KV cache in tokens (TensorRT-LLM only, max_tokens_in_paged_kv_cache); the
+    cache is the smaller of this and what kv_cache_free_gpu_mem_fraction allows. A smaller cache
+    bounds how many long sequences run together."""
 
     cross_field_rules = (
         validations.CrossFieldRule(
@@ -138,6 +152,18 @@ class LlmEngine(Model):
                 e.max_num_seqs is None
                 or e.max_num_batched_tokens is None
                 or e.max_num_batched_tokens >= e.max_num_seqs
+            ),
+        ),
+        validations.CrossFieldRule(
+            cel="!(has(self.maxNumSeqs) || has(self.maxNumBatchedTokens))"
+            " || !(has(self.batchSchedulerPolicy) || has(self.maxTokensInPagedKvCache))",
+            message="maxNumSeqs and maxNumBatchedTokens (vLLM only) cannot be combined with "
+            "batchSchedulerPolicy and maxTokensInPagedKvCache (TensorRT-LLM only): no model's "
+            "backend could take the profile",
+            field_path=".batchSchedulerPolicy",
+            holds=lambda e: (
+                (e.max_num_seqs is None and e.max_num_batched_tokens is None)
+                or (e.batch_scheduler_policy is None and e.max_tokens_in_paged_kv_cache is None)
             ),
         ),
     )
@@ -190,8 +216,9 @@ class Profile(Model):
     ] = []
     """Queue policies for individual priority levels."""
     llm: LlmEngine | None = None
-    """Engine settings for the LLM models the policy governs (Triton's vLLM backend). A model
-    served by an LLM engine takes only these; the dynamic-batching fields apply to the others."""
+    """Engine settings for the LLM models the policy governs (Triton's vLLM and TensorRT-LLM
+    backends). A model served by an LLM engine takes only these; the dynamic-batching fields
+    apply to the others."""
     role: ProfileRole | None = None
     """What the profile is for: latency (answers fast, e.g. interactive) or throughput (spends
     latency on device efficiency, e.g. bulk). Alerts and dashboards group profiles by it. When
