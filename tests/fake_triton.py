@@ -4,9 +4,56 @@ Triton's metrics page (its families and labels) and statistics-extension JSON.""
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from batchpilot_triton import servers
+
+ENGINE_BOUNDS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, math.inf)
+"""Upper bounds of the fake engine's histogram buckets, in seconds."""
+
+
+@dataclasses.dataclass
+class FakeEngine:
+    """An LLM engine's own counts, as Triton's vLLM backend exports them with
+    REPORT_CUSTOM_METRICS: histograms by cumulative bucket, a token counter, gauges."""
+
+    ttft: dict[float, int] = dataclasses.field(default_factory=dict)
+    """Cumulative first tokens by upper bound (seconds)."""
+    inter_token: dict[float, int] = dataclasses.field(default_factory=dict)
+    generation_tokens: int = 0
+    running: int = 0
+    waiting: int = 0
+
+    def answer(self, *, requests: int, ttft_s: float, tokens: int, gap_s: float) -> None:
+        """`requests` answers of `tokens` tokens each: the first after `ttft_s`, the others
+        `gap_s` apart."""
+        for bound in ENGINE_BOUNDS:
+            if ttft_s <= bound:
+                self.ttft[bound] = self.ttft.get(bound, 0) + requests
+            if gap_s <= bound:
+                self.inter_token[bound] = self.inter_token.get(bound, 0) + requests * (tokens - 1)
+        self.generation_tokens += requests * tokens
+
+    def families(self, labels: str) -> dict[str, list[str]]:
+        found: dict[str, list[str]] = {}
+        for family, counts in (
+            ("vllm:time_to_first_token_seconds", self.ttft),
+            ("vllm:inter_token_latency_seconds", self.inter_token),
+        ):
+            total = counts.get(math.inf, 0)
+            lines = [f"# TYPE {family} histogram", f"{family}_count{{{labels}}} {total}"]
+            for bound in ENGINE_BOUNDS:
+                le = "+Inf" if math.isinf(bound) else f"{bound}"
+                lines.append(f'{family}_bucket{{{labels},le="{le}"}} {counts.get(bound, 0)}')
+            found[family] = lines
+        for family, kind, value in (
+            ("vllm:generation_tokens_total", "counter", self.generation_tokens),
+            ("vllm:num_requests_running", "gauge", self.running),
+            ("vllm:num_requests_waiting", "gauge", self.waiting),
+        ):
+            found[family] = [f"# TYPE {family} {kind}", f"{family}{{{labels}}} {value}"]
+        return found
 
 
 @dataclasses.dataclass
@@ -26,6 +73,8 @@ class FakeModel:
     quantiles_us: dict[float, float] = dataclasses.field(default_factory=dict)
     batch_stats: dict[int, list[int]] = dataclasses.field(default_factory=dict)
     """Batch size -> [executions, compute nanoseconds]."""
+    engine: FakeEngine | None = None
+    """The LLM engine behind the model, for one served by Triton's vLLM backend."""
 
     def run(
         self,
@@ -96,6 +145,9 @@ class FakeTriton:
             add("nv_inference_queue_duration_us", "counter", labels, model.queue_us)
             add("nv_inference_compute_infer_duration_us", "counter", labels, model.compute_us)
             add("nv_inference_pending_request_count", "gauge", labels, model.pending)
+            if model.engine is not None:
+                for family, lines in model.engine.families(labels).items():
+                    families.setdefault(family, lines[:1]).extend(lines[1:])
         if self.summaries:
             family = "nv_inference_request_summary_us"
             lines = families.setdefault(family, [f"# TYPE {family} summary"])

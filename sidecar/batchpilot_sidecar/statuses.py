@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from batchpilot_sidecar import collecting, gpus, recommending, steptimes
-from batchpilot_triton import __version__, engine_metrics, modelconfigs, reports, scraping
+from batchpilot_triton import __version__, modelconfigs, reports, scraping
 
 STALE_INTERVALS = 3
 """A source is stale once it has not been read for this many intervals."""
@@ -302,30 +302,7 @@ def _model(
         recommendation=_recommendation(
             recommend(state, now=now, gpu=collector.gpu, objective=objective)
         ),
-        llm=_llm(rates),
-    )
-
-
-def _llm(rates: scraping.ModelRates | None) -> reports.LlmReport | None:
-    if rates is None or rates.engine is None or rates.seconds <= 0:
-        return None
-    engine = rates.engine
-
-    def milliseconds(histogram: engine_metrics.Histogram, q: float) -> float | None:
-        seconds = histogram.quantile(q)
-        return None if seconds is None else _round(seconds * 1000)
-
-    return reports.LlmReport(
-        ttft_p50_ms=milliseconds(engine.time_to_first_token, 0.5),
-        ttft_p95_ms=milliseconds(engine.time_to_first_token, 0.95),
-        inter_token_p50_ms=milliseconds(engine.inter_token, 0.5),
-        inter_token_p95_ms=milliseconds(engine.inter_token, 0.95),
-        first_tokens=engine.time_to_first_token.count,
-        output_tokens_per_second=_round(engine.generation_tokens / rates.seconds) or 0.0,
-        prompt_tokens_per_second=_round(engine.prompt_tokens / rates.seconds) or 0.0,
-        running_sequences=engine.running,
-        waiting_sequences=engine.waiting,
-        kv_cache_usage=_round(engine.kv_cache_usage),
+        llm=reports.LlmReport.from_rates(rates),
     )
 
 

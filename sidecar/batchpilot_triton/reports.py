@@ -15,7 +15,7 @@ import math
 from collections.abc import Collection, Mapping
 from typing import Any, ClassVar, Literal
 
-from batchpilot_triton import scraping
+from batchpilot_triton import engine_metrics, scraping
 
 SourceName = Literal["tritonMetrics", "tritonStatistics", "gpu"]
 LatencySource = Literal["summary", "estimated", "none"]
@@ -27,6 +27,13 @@ def camel(name: str) -> str:
 
 
 _WIRE = {"alias_generator": camel, "extra": "ignore"}
+
+
+def _rounded(value: float | None, digits: int = 4) -> float | None:
+    """No more digits than a reader needs; a value that is not finite is no value."""
+    if value is None or not math.isfinite(value):
+        return None
+    return round(value, digits)
 
 
 def as_json(report: Any) -> Any:
@@ -301,6 +308,30 @@ class LlmReport:
     kv_cache_usage: float | None
     """Fraction of the KV cache in use (0..1), when exported."""
 
+    @classmethod
+    def from_rates(cls, rates: scraping.ModelRates | None) -> LlmReport | None:
+        """What the engine counted over a window; None for a model without engine metrics."""
+        if rates is None or rates.engine is None or rates.seconds <= 0:
+            return None
+        engine = rates.engine
+
+        def milliseconds(histogram: engine_metrics.Histogram, q: float) -> float | None:
+            seconds = histogram.quantile(q)
+            return None if seconds is None else _rounded(seconds * 1000)
+
+        return cls(
+            ttft_p50_ms=milliseconds(engine.time_to_first_token, 0.5),
+            ttft_p95_ms=milliseconds(engine.time_to_first_token, 0.95),
+            inter_token_p50_ms=milliseconds(engine.inter_token, 0.5),
+            inter_token_p95_ms=milliseconds(engine.inter_token, 0.95),
+            first_tokens=engine.time_to_first_token.count,
+            output_tokens_per_second=_rounded(engine.generation_tokens / rates.seconds) or 0.0,
+            prompt_tokens_per_second=_rounded(engine.prompt_tokens / rates.seconds) or 0.0,
+            running_sequences=engine.running,
+            waiting_sequences=engine.waiting,
+            kv_cache_usage=_rounded(engine.kv_cache_usage),
+        )
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelReport:
@@ -375,6 +406,10 @@ class StatusDocument:
     def rates(self) -> dict[str, scraping.ModelRates]:
         found = {name: model.rates() for name, model in self.models.items()}
         return {name: rates for name, rates in found.items() if rates is not None}
+
+    def llm_reports(self) -> dict[str, LlmReport]:
+        """The models served by an LLM engine that exports its metrics."""
+        return {name: model.llm for name, model in self.models.items() if model.llm is not None}
 
     def recommended_delays(self, models: Collection[str]) -> list[int]:
         """The queue delays recommended for these models (all when empty)."""

@@ -18,15 +18,18 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from batchpilot_triton import engine_metrics
 
+REQUEST_SUCCESS = "nv_inference_request_success"
+REQUEST_FAILURE = "nv_inference_request_failure"
+QUEUE_DURATION_US = "nv_inference_queue_duration_us"
 # Families by the name the Prometheus parser gives them (counters lose their `_total`),
 # mapped to the ModelCounters field they add to.
 COUNTER_FIELDS = {
-    "nv_inference_request_success": "requests_succeeded",
-    "nv_inference_request_failure": "requests_failed",
+    REQUEST_SUCCESS: "requests_succeeded",
+    REQUEST_FAILURE: "requests_failed",
     "nv_inference_count": "inferences",
     "nv_inference_exec_count": "executions",
     "nv_inference_request_duration_us": "request_us",
-    "nv_inference_queue_duration_us": "queue_us",
+    QUEUE_DURATION_US: "queue_us",
     "nv_inference_compute_infer_duration_us": "compute_infer_us",
     # The demo models' emulated accelerator: manifests/model-repository/*/1/emulated_device.py
     # exports these (a unit test keeps the names in step).

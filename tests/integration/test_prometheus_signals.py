@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from urllib.parse import urlsplit
 
 import pytest
+from aiohttp import web
 
 from batchpilot.signals import prometheus
-from batchpilot_harness import demo_models, loadgen
+from batchpilot_harness import demo_models, loadgen, local_triton
+from fake_triton import FakeEngine, FakeModel, FakeTriton
 from prometheus_fixtures import ScrapeTarget, StartPrometheus
 from triton_fixtures import TritonFactory
 
@@ -54,6 +58,74 @@ async def test_prometheus_source_reads_the_fleet_rate_depth_and_latency(
         promserver.url, namespace="other", pods=["triton-0"], models=[demo_models.GPU_SIM]
     )
     assert (await other.read()).signals.metrics == {}, "other namespaces' series are not ours"
+
+
+@asynccontextmanager
+async def steady_engine(
+    *, answers_per_second: int, ttft_s: float, gap_s: float, waiting: int
+) -> AsyncIterator[str]:
+    """A vLLM-backed Triton's metrics page on a loopback port, its engine answering steadily
+    since the page began, ten tokens an answer; yields host:port."""
+    engine = FakeEngine(waiting=waiting)
+    triton = FakeTriton(FakeModel("tiny_llm", engine=engine))
+    started = time.monotonic()
+
+    async def metrics(request: web.Request) -> web.Response:
+        due = round(answers_per_second * (time.monotonic() - started))
+        answered = engine.generation_tokens // 10
+        engine.answer(requests=due - answered, ttft_s=ttft_s, tokens=10, gap_s=gap_s)
+        return web.Response(text=await triton.metrics_text())
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    (port,) = local_triton.free_ports("127.0.0.1", 1)
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.timeout(60)
+async def test_prometheus_source_reads_llm_engines_worst_p95s_and_summed_tokens_and_queue(
+    prometheus_server: StartPrometheus,
+) -> None:
+    async with (
+        steady_engine(answers_per_second=20, ttft_s=0.04, gap_s=0.02, waiting=1) as fast,
+        steady_engine(answers_per_second=5, ttft_s=0.3, gap_s=0.07, waiting=4) as slow,
+    ):
+        promserver = prometheus_server(
+            [
+                ScrapeTarget(address=fast, labels={"namespace": "chat", "pod": "triton-0"}),
+                ScrapeTarget(address=slow, labels={"namespace": "chat", "pod": "triton-1"}),
+            ]
+        )
+        source = prometheus.PrometheusSource(
+            promserver.url,
+            namespace="chat",
+            pods=["triton-0", "triton-1"],
+            models=["tiny_llm"],
+            window="5s",
+        )
+        wanted = {"ttftP95Ms", "interTokenP95Ms", "outputTokensPerSecond", "waitingSequences"}
+        deadline = time.monotonic() + 30
+        reading = await source.read()
+        while not wanted <= set(reading.signals.metrics) and time.monotonic() < deadline:
+            await asyncio.sleep(1)
+            reading = await source.read()
+        await asyncio.sleep(2)  # a few more scrapes, so the rate's window is full
+        reading = await source.read()
+        await source.close()
+    assert reading.problems == ()
+    signals = reading.signals.metrics
+    # The slow replica's first tokens all fall in (250, 500] ms and its gaps in (50, 100] ms:
+    # histogram_quantile puts the p95 95% into those buckets.
+    assert signals["ttftP95Ms"] == pytest.approx(487.5), signals
+    assert signals["interTokenP95Ms"] == pytest.approx(97.5), signals
+    assert signals["outputTokensPerSecond"] == pytest.approx((20 + 5) * 10, rel=0.3), signals
+    assert signals["waitingSequences"] == 5
 
 
 @pytest.mark.timeout(30)

@@ -149,6 +149,45 @@ def test_load_rule_lets_go_only_below_below_for_its_duration() -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    ("metric", "above", "below", "high", "between", "low"),
+    [
+        ("ttftP95Ms", 800, 300, 1500, 500, 120),
+        ("interTokenP95Ms", 60, 30, 95, 45, 20),
+        ("outputTokensPerSecond", 2000, 800, 3500, 1200, 400),
+        ("waitingSequences", 16, 2, 40, 8, 0),
+    ],
+)
+def test_llm_engine_rules_switch_with_hysteresis(
+    metric: str, above: float, below: float, high: float, between: float, low: float
+) -> None:
+    rule = {"profile": "bulk", "metric": metric, "above": above, "below": below, "for": "30s"}
+    spec = make_spec(load={"rules": [rule]}, defaultProfile="interactive")
+    start = utc(2026, 11, 24, 12)
+
+    def engine(value: float) -> decisions.Signals:
+        return decisions.Signals(metrics={metric: value})
+
+    made = run(
+        spec,
+        [
+            (start, engine(high)),
+            (start + 29 * SECOND, engine(high)),
+            (start + 30 * SECOND, engine(high)),  # above for 30s: bulk
+            (start + 60 * SECOND, engine(between)),  # under `above`, not under `below`: stays
+            (start + 90 * SECOND, engine(low)),  # under `below`: its timer starts
+            (start + 120 * SECOND, engine(low)),  # 30s under `below`: lets go
+        ],
+    )
+    assert [d.profile for d in made] == ["interactive"] * 2 + ["bulk"] * 3 + ["interactive"]
+    assert made[1].reason.endswith(f"(load rule #1: {metric}={high:g} > {above:g} for 29s of 30s)")
+    assert made[2].source == "load"
+    assert made[3].reason == (
+        f"load rule #1 ({metric} > {above:g} for 30s) holds: "
+        f"{metric}={between:g} (holds until < {below:g})"
+    )
+
+
 def test_missing_signal_keeps_a_held_rule_for_a_grace_then_hands_back_to_the_schedule() -> None:
     spec = make_spec(load=queue_rule(), defaultProfile="interactive")
     start = utc(2026, 11, 24, 12)

@@ -9,8 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from batchpilot import reporting
+from batchpilot.signals import sources
 from batchpilot_triton import engine_metrics, scraping
 from batchpilot_triton.engine_metrics import Histogram
+from builders import make_spec
+from fake_triton import FakeEngine, FakeModel, FakeTriton
 
 BACKEND = Path(__file__).resolve().parents[2] / "manifests" / "backends" / "vllm" / "model.py"
 
@@ -88,6 +92,44 @@ def test_a_model_without_engine_metrics_has_none() -> None:
     before = scraping.parse(text, taken_at=0.0)
     after = scraping.parse(text, taken_at=1.0)
     assert scraping.rates(before, after)["tiny_llm"].engine is None
+
+
+async def test_the_triton_source_turns_an_engine_s_page_into_llm_signals() -> None:
+    now = [0.0]
+    replica = FakeEngine(waiting=2)
+    other = FakeEngine(waiting=7)
+    triton = FakeTriton(FakeModel("tiny_llm", engine=replica), FakeModel("classic"))
+    second = FakeTriton(FakeModel("tiny_llm", engine=other))
+    second.url = "http://triton-1.test:8000"
+    source = sources.TritonMetricsSource([triton, second], models=[], clock=lambda: now[0])
+    first_reading = await source.read()
+    replica.answer(requests=40, ttft_s=0.08, tokens=100, gap_s=0.03)
+    other.answer(requests=4, ttft_s=0.6, tokens=100, gap_s=0.2)
+    now[0] = 10.0
+    reading = await source.read()
+    await source.close()
+
+    assert "ttftP95Ms" not in first_reading.signals.metrics, "rates need two pages"
+    metrics = reading.signals.metrics
+    # Worst replica: first tokens in (0.5, 1] s and gaps in (0.1, 0.25] s, 95% into the bucket.
+    assert metrics["ttftP95Ms"] == pytest.approx(975)
+    assert metrics["interTokenP95Ms"] == pytest.approx(242.5)
+    assert metrics["outputTokensPerSecond"] == pytest.approx((4000 + 400) / 10)
+    assert metrics["waitingSequences"] == 9
+
+
+async def test_a_rule_on_an_llm_figure_of_a_classic_model_finds_no_measurement() -> None:
+    now = [0.0]
+    source = sources.TritonMetricsSource(
+        [FakeTriton(FakeModel("gpu_sim", succeeded=5))], models=[], clock=lambda: now[0]
+    )
+    await source.read()
+    now[0] = 5.0
+    metrics = (await source.read()).signals.metrics
+    await source.close()
+    assert metrics["requestRate"] == 0
+    spec = make_spec(load={"rules": [{"profile": "bulk", "metric": "ttftP95Ms", "above": 500}]})
+    assert reporting.missing_signals(spec, metrics) == ["no ttftP95Ms measurement"]
 
 
 def test_the_test_world_backend_exports_the_names_the_sidecar_reads() -> None:

@@ -186,3 +186,36 @@ def test_explain_shows_an_llm_profile_s_tensorrt_llm_parameters(
         "enable_chunked_context": "true",
         "batch_scheduler_policy": "max_utilization",
     }
+
+
+def test_explain_shows_a_rule_on_an_llm_engine_signal_and_its_value(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    llm_policy = SAMPLE.parent / "policies" / "llm-market-hours.yaml"
+    arguments = ["explain", "--policy", str(llm_policy), "--at", "2026-11-24T10:00:00-05:00"]
+    queued = [*arguments, "--signal", "waitingSequences=30", "--signal", "ttftP95Ms=2400"]
+    assert cli.main(queued) == 0
+    text = capsys.readouterr().out
+    assert "Profile:          bulk" in text
+    assert "Decided by:       load" in text
+    assert (
+        "Reason:           load rule #1 (waitingSequences > 16 for 1m) holds: "
+        "waitingSequences=30 (holds until < 4)"
+    ) in text
+    assert "Signals:          waitingSequences=30, ttftP95Ms=2400" in text
+    assert '"max_num_seqs": 48' in text
+
+    assert cli.main([*arguments, "--signal", "waitingSequences=3", "-o", "json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (result["profile"], result["source"]) == ("interactive", "schedule")
+    assert result["signals"] == {"waitingSequences": 3}
+    assert result["load_rules"] == [
+        {"rule": "waitingSequences > 16 for 1m", "profile": "bulk", "holding": False}
+    ]
+
+
+def test_explain_names_the_llm_signals_it_takes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["explain", "--policy", str(SAMPLE), "--signal", "ttft=1"]) == 2
+    error = capsys.readouterr().err
+    for name in ("ttftP95Ms", "interTokenP95Ms", "outputTokensPerSecond", "waitingSequences"):
+        assert name in error

@@ -172,6 +172,35 @@ async def test_load_signal_switches_the_profile() -> None:
 
 
 @pytest.mark.looptime
+async def test_llm_engine_rules_show_in_the_status_and_their_signals_are_exported() -> None:
+    rules = [
+        {"profile": "interactive", "metric": "ttftP95Ms", "above": 1500},
+        {"profile": "interactive", "metric": "waitingSequences", "above": 16, "below": 4},
+    ]
+    targets, fleet = two_servers()
+    engine = FixedSignals({"ttftP95Ms": 900, "waitingSequences": 30})
+    subject = reconciler(targets, fleet, signals=engine)
+    outcome = await reconcile(subject, spec_document(load={"rules": rules}))
+    assert outcome.status["activeProfile"] == "interactive"
+    assert outcome.status["reason"] == (
+        "load rule #2 (waitingSequences > 16) holds: waitingSequences=30 (holds until < 4)"
+    )
+    labels = {"policy": "fleet", "metric": "ttftP95Ms"}
+    assert subject.metrics.registry.get_sample_value("batchpilot_signal", labels) == 900
+    assert conditions(outcome.status)["SignalsUnavailable"] == ("False", "SignalsAvailable")
+
+    targets, fleet = two_servers()
+    classic = reconciler(targets, fleet, signals=FixedSignals({"queueDepth": 3}))
+    outcome = await reconcile(classic, spec_document(load={"rules": rules}))
+    assert outcome.status["activeProfile"] == "bulk"
+    unavailable = next(c for c in outcome.status["conditions"] if c["type"] == "SignalsUnavailable")
+    assert unavailable["status"] == "True"
+    assert unavailable["message"].startswith(
+        "no ttftP95Ms measurement; no waitingSequences measurement;"
+    )
+
+
+@pytest.mark.looptime
 async def test_counters_are_exported_from_zero_so_rates_see_the_first_event() -> None:
     targets, fleet = two_servers()
     subject = reconciler(targets, fleet)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from batchpilot.signals import aggregating
-from batchpilot_triton import scraping
+from batchpilot_triton import reports, scraping
 
 
 def page(
@@ -145,3 +145,52 @@ def test_signals_sum_rates_and_depth_and_take_the_worst_p95() -> None:
         }
     )
     assert aggregating.signals_from_rates([one], models=["other"]).metrics == {}
+
+
+def engine_report(
+    *, ttft_p95: float | None, gap_p95: float | None, tokens: float, waiting: float
+) -> reports.LlmReport:
+    return reports.LlmReport(
+        ttft_p50_ms=None,
+        ttft_p95_ms=ttft_p95,
+        inter_token_p50_ms=None,
+        inter_token_p95_ms=gap_p95,
+        first_tokens=0,
+        output_tokens_per_second=tokens,
+        prompt_tokens_per_second=0,
+        running_sequences=0,
+        waiting_sequences=waiting,
+        kv_cache_usage=None,
+    )
+
+
+def test_llm_signals_take_the_worst_replica_s_p95s_and_sum_tokens_and_waiting() -> None:
+    first_server = {
+        "tiny_llm": engine_report(ttft_p95=120, gap_p95=30, tokens=900, waiting=3),
+        "other_llm": engine_report(ttft_p95=9000, gap_p95=900, tokens=5, waiting=50),
+    }
+    # A replica that produced no first token in the window has no TTFT to compare.
+    second_server = {"tiny_llm": engine_report(ttft_p95=None, gap_p95=45, tokens=600, waiting=4)}
+    signals = aggregating.signals_from_rates(
+        [], models=["tiny_llm"], engines=[first_server, second_server]
+    )
+    assert signals.metrics == pytest.approx(
+        {
+            "ttftP95Ms": 120,
+            "interTokenP95Ms": 45,
+            "outputTokensPerSecond": 1500,
+            "waitingSequences": 7,
+        }
+    )
+    everything = aggregating.signals_from_rates([], models=[], engines=[first_server]).metrics
+    assert (everything["ttftP95Ms"], everything["waitingSequences"]) == (9000, 53)
+
+
+def test_without_an_llm_engine_there_are_no_llm_signals() -> None:
+    idle = engine_report(ttft_p95=None, gap_p95=None, tokens=0, waiting=0)
+    quiet = aggregating.signals_from_rates([], models=[], engines=[{"tiny_llm": idle}]).metrics
+    assert quiet == {"outputTokensPerSecond": 0, "waitingSequences": 0}
+    assert aggregating.signals_from_rates([], models=[], engines=[{}, {}]).metrics == {}
+    assert (
+        aggregating.signals_from_rates([], models=["x"], engines=[{"tiny_llm": idle}]).metrics == {}
+    )

@@ -10,7 +10,7 @@ from batchpilot.policy import decisions
 from batchpilot.signals import sidecars
 from batchpilot_harness import local_triton
 from builders import make_spec
-from fake_triton import FakeModel, FakeTriton
+from fake_triton import FakeEngine, FakeModel, FakeTriton
 from sidecar_builders import Clock, fitted, make_collector, serving_app, tick
 
 SLO = {"p95LatencyMs": 40, "autotune": True, "maxQueueDelayMicroseconds": 30_000}
@@ -40,12 +40,47 @@ async def test_signals_add_up_over_sidecars_and_the_smallest_recommendation_wins
     assert metrics["requestRate"] == pytest.approx(400 + 20, rel=0.01)
     assert metrics["p95LatencyMs"] == 31
     assert "gpuUtilization" not in metrics, "no GPU, no number"
+    assert "waitingSequences" not in metrics, "no LLM engine, no engine figures"
     # More load makes bigger batches and leaves less room for waiting.
     assert (
         metrics[decisions.RECOMMENDED_QUEUE_DELAY] < quiet_only[decisions.RECOMMENDED_QUEUE_DELAY]
     )
     assert set(reading.per_server) == set(urls)
     assert "other" in reading.per_server[urls[0]], "per-server details keep every model"
+
+
+async def test_llm_engine_figures_of_the_governed_models_become_signals() -> None:
+    fast, slow, ungoverned = FakeEngine(waiting=1), FakeEngine(waiting=4), FakeEngine(waiting=50)
+    first_clock, second_clock = Clock(), Clock()
+    first = make_collector(
+        FakeTriton(FakeModel("tiny_llm", engine=fast), FakeModel("other_llm", engine=ungoverned)),
+        first_clock,
+        rate_window=5.0,
+    )
+    second = make_collector(
+        FakeTriton(FakeModel("tiny_llm", engine=slow)), second_clock, rate_window=5.0
+    )
+    await first.collect()
+    await second.collect()
+    fast.answer(requests=20, ttft_s=0.04, tokens=50, gap_s=0.02)
+    slow.answer(requests=10, ttft_s=0.3, tokens=50, gap_s=0.07)
+    ungoverned.answer(requests=10, ttft_s=2.0, tokens=10, gap_s=2.0)
+    await tick(first, first_clock, 5.0)
+    await tick(second, second_clock, 5.0)
+    async with AsyncExitStack() as stack:
+        urls = [await stack.enter_async_context(serving_app(c)) for c in (first, second)]
+        source = sidecars.SidecarSource(urls, models=["tiny_llm"], slo=None)
+        reading = await source.read()
+        await source.close()
+
+    assert reading.problems == ()
+    metrics = reading.signals.metrics
+    # The slow replica's first tokens came in (250, 500] ms, its gaps in (50, 100] ms: the
+    # p95 interpolates 95% into those buckets, as histogram_quantile does.
+    assert metrics["ttftP95Ms"] == pytest.approx(487.5)
+    assert metrics["interTokenP95Ms"] == pytest.approx(97.5)
+    assert metrics["outputTokensPerSecond"] == pytest.approx((1000 + 500) / 5)
+    assert metrics["waitingSequences"] == 5
 
 
 async def test_without_an_objective_there_is_no_recommendation_signal() -> None:

@@ -30,13 +30,27 @@ PROFILE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 Weekday = Literal["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
 WEEKDAYS: tuple[Weekday, ...] = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 ProfileRole = Literal["latency", "throughput"]
-LoadMetric = Literal["queueDepth", "requestRate", "p95LatencyMs", "queueTimeMs", "gpuUtilization"]
+LoadMetric = Literal[
+    "queueDepth",
+    "requestRate",
+    "p95LatencyMs",
+    "queueTimeMs",
+    "gpuUtilization",
+    "ttftP95Ms",
+    "interTokenP95Ms",
+    "outputTokensPerSecond",
+    "waitingSequences",
+]
 LOAD_METRICS: tuple[LoadMetric, ...] = (
     "queueDepth",
     "requestRate",
     "p95LatencyMs",
     "queueTimeMs",
     "gpuUtilization",
+    "ttftP95Ms",
+    "interTokenP95Ms",
+    "outputTokensPerSecond",
+    "waitingSequences",
 )
 
 BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE)]
@@ -429,7 +443,11 @@ class LoadRule(Model):
     metric: LoadMetric
     """The signal, aggregated over all governed replicas and models: queueDepth (pending
     requests, summed), requestRate (requests/s, summed), p95LatencyMs (worst replica),
-    queueTimeMs (average queue time per request), gpuUtilization (percent, averaged)."""
+    queueTimeMs (average queue time per request), gpuUtilization (percent, averaged). For
+    models served by an LLM engine that exports its metrics (Triton's vLLM backend with
+    REPORT_CUSTOM_METRICS): ttftP95Ms (time to first token p95, worst replica), interTokenP95Ms
+    (time between tokens p95, worst replica), outputTokensPerSecond (tokens generated per
+    second, summed) and waitingSequences (sequences waiting for the engine, summed)."""
     above: float
     """The rule starts to hold once the metric has stayed above this for the `for` duration."""
     below: float | None = None

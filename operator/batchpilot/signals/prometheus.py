@@ -4,7 +4,10 @@ For fleets that already scrape Triton: the operator asks Prometheus instead of e
 queries select a policy's targets by the `namespace` and `pod` labels that Kubernetes service
 discovery puts on scraped series (kube-prometheus-stack's PodMonitors and ServiceMonitors do),
 and its models by Triton's own `model` label. The reductions match the sidecar and Triton
-sources: counts and rates summed, p95 the worst, queue time weighted, GPU utilization averaged.
+sources: counts and rates summed, p95 the worst, queue time weighted, GPU utilization averaged;
+an LLM engine's TTFT and inter-token p95s are `histogram_quantile` over the rate of its buckets,
+per replica and model, the worst of them. Series are named as `batchpilot_triton` names them for
+the other sources, so all three read the same families.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from urllib3.util.retry import Retry
 
 from batchpilot.policy import decisions
 from batchpilot.signals import sources
+from batchpilot_triton import engine_metrics, scraping
 
 # Series batchpilot reads; the recommendation is the sidecar's own gauge.
 RECOMMENDATION = "batchpilot_sidecar_recommended_queue_delay_microseconds"
@@ -45,18 +49,28 @@ def queries(
     """The PromQL behind each signal, for a policy's targets and models."""
     selected = _matcher(namespace, pods, models)
     pod_only = _matcher(namespace, pods, ())
-    requests = f"sum(rate(nv_inference_request_success{{{selected}}}[{window}]))"
-    failures = f"(sum(rate(nv_inference_request_failure{{{selected}}}[{window}])) or vector(0))"
+    requests = f"sum(rate({scraping.REQUEST_SUCCESS}{{{selected}}}[{window}]))"
+    failures = f"(sum(rate({scraping.REQUEST_FAILURE}{{{selected}}}[{window}])) or vector(0))"
+
+    def worst_p95_ms(histogram: str) -> str:
+        # Each replica's model's p95 over the window (its versions' buckets added), the worst.
+        buckets = f"rate({histogram}_bucket{{{selected}}}[{window}])"
+        return f"max(histogram_quantile(0.95, sum by (pod, model, le) ({buckets}))) * 1000"
+
     return {
         "requestRate": f"{requests} + {failures}",
-        "queueDepth": f"sum(nv_inference_pending_request_count{{{selected}}})",
-        "p95LatencyMs": (
-            f'max(nv_inference_request_summary_us{{{selected},quantile="0.95"}}) / 1000'
-        ),
+        "queueDepth": f"sum({scraping.PENDING}{{{selected}}})",
+        "p95LatencyMs": f'max({scraping.REQUEST_SUMMARY_US}{{{selected},quantile="0.95"}}) / 1000',
         "queueTimeMs": (
-            f"sum(rate(nv_inference_queue_duration_us{{{selected}}}[{window}])) / {requests} / 1000"
+            f"sum(rate({scraping.QUEUE_DURATION_US}{{{selected}}}[{window}])) / {requests} / 1000"
         ),
-        "gpuUtilization": f"avg(nv_gpu_utilization{{{pod_only}}}) * 100",
+        "gpuUtilization": f"avg({scraping.GPU_UTILIZATION}{{{pod_only}}}) * 100",
+        "ttftP95Ms": worst_p95_ms(engine_metrics.TTFT_SECONDS),
+        "interTokenP95Ms": worst_p95_ms(engine_metrics.ITL_SECONDS),
+        "outputTokensPerSecond": (
+            f"sum(rate({engine_metrics.GENERATION_TOKENS}{{{selected}}}[{window}]))"
+        ),
+        "waitingSequences": f"sum({engine_metrics.WAITING}{{{selected}}})",
         decisions.RECOMMENDED_QUEUE_DELAY: f"min({RECOMMENDATION}{{{selected}}})",
     }
 

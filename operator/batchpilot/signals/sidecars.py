@@ -3,10 +3,11 @@
 A sidecar reports, per model, what Triton counted over its rate window (its /status document,
 `batchpilot_triton.reports`, read with the very model the sidecar writes it from); those counts
 become `scraping.ModelRates` again, so the signals are aggregated by the very function that
-aggregates Triton's own pages (`aggregating.signals_from_rates`). Only measured latency
-quantiles count (a sidecar's estimates are shown on its /status, not fed to load rules). The
-recommended queue delay is the smallest over the governed models and servers: the one delay a
-policy applies must meet the objective on every one of them.
+aggregates Triton's own pages (`aggregating.signals_from_rates`), and so are the LLM engine's
+figures a sidecar reports under `llm` (TTFT, inter-token latency, tokens, waiting sequences).
+Only measured latency quantiles count (a sidecar's estimates are shown on its /status, not fed
+to load rules). The recommended queue delay is the smallest over the governed models and
+servers: the one delay a policy applies must meet the objective on every one of them.
 
 A sidecar that does not answer, answers nonsense, or has stale data is named in the reading's
 problems and contributes nothing, never zeros. The operator reads sidecars the same way.
@@ -67,6 +68,7 @@ class SidecarSource:
             *(self._status(url) for url in self._urls), return_exceptions=True
         )
         per_server: dict[str, Mapping[str, scraping.ModelRates]] = {}
+        engines: list[Mapping[str, reports.LlmReport]] = []
         gpu_utilization: list[float] = []
         delays: list[int] = []
         problems = list(self._known_problems)
@@ -80,10 +82,14 @@ class SidecarSource:
                 problems.append(f"sidecar {url}: its Triton readings are stale; left out")
                 continue
             per_server[url] = status.rates()
+            engines.append(status.llm_reports())
             gpu_utilization.extend(status.gpu_utilization())
             delays.extend(status.recommended_delays(self._models))
         signals = aggregating.signals_from_rates(
-            per_server.values(), models=self._models, gpu_utilization=gpu_utilization
+            per_server.values(),
+            models=self._models,
+            gpu_utilization=gpu_utilization,
+            engines=engines,
         )
         if delays:
             metrics = {**signals.metrics, decisions.RECOMMENDED_QUEUE_DELAY: float(min(delays))}

@@ -68,7 +68,10 @@ class TritonMetricsSource:
             if previous is not None:
                 per_server[server.url] = scraping.rates(previous, snapshot)
         signals = aggregating.signals_from_rates(
-            per_server.values(), models=self._models, gpu_utilization=gpu_utilization
+            per_server.values(),
+            models=self._models,
+            gpu_utilization=gpu_utilization,
+            engines=[aggregating.engine_reports(per_model) for per_model in per_server.values()],
         )
         return Reading(signals=signals, per_server=per_server, problems=tuple(problems))
 
