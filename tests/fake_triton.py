@@ -10,6 +10,34 @@ from batchpilot_triton import servers
 
 
 @dataclasses.dataclass
+class FakeEngine:
+    """An LLM engine's own counters (the vLLM backend's metrics), advanced by hand."""
+
+    running: float = 0.0
+    waiting: float = 0.0
+    gaps: int = 0
+    gap_seconds: float = 0.0
+    first_tokens: int = 0
+    ttft_seconds: float = 0.0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+
+    def decode(self, *, running: float, tokens: int, step_ms: float) -> None:
+        """`tokens` tokens after the first of their sequences, `step_ms` apart, with `running`
+        sequences running from here on."""
+        self.running = running
+        self.gaps += tokens
+        self.gap_seconds += tokens * step_ms / 1000
+        self.generation_tokens += tokens
+
+    def prompts(self, *, count: int, tokens_each: int, ttft_ms: float) -> None:
+        self.first_tokens += count
+        self.ttft_seconds += count * ttft_ms / 1000
+        self.prompt_tokens += count * tokens_each
+        self.generation_tokens += count
+
+
+@dataclasses.dataclass
 class FakeModel:
     name: str
     max_batch_size: int = 128
@@ -26,6 +54,7 @@ class FakeModel:
     quantiles_us: dict[float, float] = dataclasses.field(default_factory=dict)
     batch_stats: dict[int, list[int]] = dataclasses.field(default_factory=dict)
     """Batch size -> [executions, compute nanoseconds]."""
+    engine: FakeEngine | None = None
 
     def run(
         self,
@@ -96,6 +125,9 @@ class FakeTriton:
             add("nv_inference_queue_duration_us", "counter", labels, model.queue_us)
             add("nv_inference_compute_infer_duration_us", "counter", labels, model.compute_us)
             add("nv_inference_pending_request_count", "gauge", labels, model.pending)
+            if model.engine is not None:
+                for family, kind, samples in _engine_families(labels, model.engine):
+                    families.setdefault(family, [f"# TYPE {family} {kind}"]).extend(samples)
         if self.summaries:
             family = "nv_inference_request_summary_us"
             lines = families.setdefault(family, [f"# TYPE {family} summary"])
@@ -150,3 +182,27 @@ class FakeTriton:
                 "string_value": str(served.memory_per_item_bytes)
             }
         return config
+
+
+def _engine_families(labels: str, engine: FakeEngine) -> list[tuple[str, str, list[str]]]:
+    """The vLLM backend's families as (name, type, samples); each histogram has only its +Inf
+    bucket."""
+    found = []
+    for family, count, seconds in (
+        ("vllm:inter_token_latency_seconds", engine.gaps, engine.gap_seconds),
+        ("vllm:time_to_first_token_seconds", engine.first_tokens, engine.ttft_seconds),
+    ):
+        samples = [
+            f"{family}_count{{{labels}}} {count}",
+            f"{family}_sum{{{labels}}} {seconds}",
+            f'{family}_bucket{{{labels},le="+Inf"}} {count}',
+        ]
+        found.append((family, "histogram", samples))
+    for family, kind, value in (
+        ("vllm:prompt_tokens_total", "counter", engine.prompt_tokens),
+        ("vllm:generation_tokens_total", "counter", engine.generation_tokens),
+        ("vllm:num_requests_running", "gauge", engine.running),
+        ("vllm:num_requests_waiting", "gauge", engine.waiting),
+    ):
+        found.append((family, kind, [f"{family}{{{labels}}} {value}"]))
+    return found

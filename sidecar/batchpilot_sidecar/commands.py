@@ -20,7 +20,8 @@ HELP = "GPU and Triton telemetry next to one Triton server, with recommendations
 DESCRIPTION = (
     "Every interval: read NVML (or a DCGM exporter), Triton's metrics and its statistics "
     "extension; fit each model's step time t0 + c*b^alpha; serve /metrics "
-    "(batchpilot_sidecar_*), /status (JSON; ?sloP95Ms=... for a queue-delay recommendation) and "
+    "(batchpilot_sidecar_*), /status (JSON; ?sloP95Ms=... for a queue-delay recommendation, "
+    "?ttftP95Ms=...&itlP95Ms=... for an LLM engine's maxNumSeqs and maxNumBatchedTokens) and "
     "/healthz. Works without a GPU and says so. Stops cleanly on SIGTERM or Ctrl-C."
 )
 
@@ -57,6 +58,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="p95 objective for the recommendation gauges on /metrics (/status takes its own)",
     )
     parser.add_argument(
+        "--ttft-p95-ms",
+        type=float,
+        metavar="MS",
+        help="LLM engines: p95 time-to-first-token objective when /status names none",
+    )
+    parser.add_argument(
+        "--itl-p95-ms",
+        type=float,
+        metavar="MS",
+        help="LLM engines: p95 inter-token latency objective when /status names none",
+    )
+    parser.add_argument(
         "--models", metavar="A,B", help="only these models (default: every model Triton serves)"
     )
     parser.add_argument(
@@ -75,7 +88,7 @@ def run(arguments: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    from batchpilot_sidecar import collecting, recommending, serving
+    from batchpilot_sidecar import collecting, llm_recommending, recommending, serving
 
     objective = (
         recommending.Objective(p95_ms=arguments.slo_p95_ms) if arguments.slo_p95_ms else None
@@ -96,6 +109,9 @@ def run(arguments: argparse.Namespace) -> int:
             dcgm_url=arguments.dcgm_url,
             pod=arguments.pod_name,
             default_objective=objective,
+            default_llm_objective=llm_recommending.LlmObjective(
+                ttft_p95_ms=arguments.ttft_p95_ms, itl_p95_ms=arguments.itl_p95_ms
+            ),
             models=[name for name in (arguments.models or "").split(",") if name],
         )
     )

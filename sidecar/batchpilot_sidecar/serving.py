@@ -16,7 +16,14 @@ from collections.abc import Collection
 
 from aiohttp import web
 
-from batchpilot_sidecar import collecting, gpus, recommending, statuses, telemetry
+from batchpilot_sidecar import (
+    collecting,
+    gpus,
+    llm_recommending,
+    recommending,
+    statuses,
+    telemetry,
+)
 from batchpilot_triton import exposition, reports, servers
 
 logger = logging.getLogger("batchpilot.sidecar")
@@ -30,6 +37,7 @@ def application(
     collector: collecting.Collector,
     *,
     default_objective: recommending.Objective | None = None,
+    default_llm_objective: llm_recommending.LlmObjective | None = None,
     started: float | None = None,
 ) -> web.Application:
     started_at = collector.clock() if started is None else started
@@ -38,9 +46,10 @@ def application(
     async def status(request: web.Request) -> web.Response:
         try:
             objective = statuses.parse_objective(request.query, default_objective)
+            llm_objective = statuses.parse_llm_objective(request.query, default_llm_objective)
         except ValueError as error:
             return web.json_response({"error": str(error)}, status=400)
-        body = reports.as_json(statuses.document(collector, objective))
+        body = reports.as_json(statuses.document(collector, objective, llm_objective))
         return web.json_response(body, dumps=lambda value: json.dumps(value, indent=2))
 
     async def healthz(_: web.Request) -> web.Response:
@@ -66,6 +75,7 @@ async def run_sidecar(
     dcgm_url: str | None = None,
     pod: str | None = None,
     default_objective: recommending.Objective | None = None,
+    default_llm_objective: llm_recommending.LlmObjective | None = None,
     models: Collection[str] = (),
 ) -> int:
     """`batchpilot sidecar`: collect and serve until SIGTERM or Ctrl-C, then stop cleanly."""
@@ -75,7 +85,12 @@ async def run_sidecar(
     )
     monitor = gpus.GpuMonitor(gpus.NvmlReader(), dcgm_url=dcgm_url, pod=pod)
     collector = collecting.Collector(triton, monitor, models=models, settings=settings)
-    app = application(collector, default_objective=default_objective, started=time.monotonic())
+    app = application(
+        collector,
+        default_objective=default_objective,
+        default_llm_objective=default_llm_objective,
+        started=time.monotonic(),
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
