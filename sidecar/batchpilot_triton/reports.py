@@ -464,9 +464,9 @@ class StatusDocument:
             found = model.llm.recommendation if model.llm is not None else None
             if found is None or (models and name not in models):
                 continue
-            most_seqs, most_tokens = found.recommended()
-            seqs.extend([most_seqs] if most_seqs is not None else [])
-            tokens.extend([most_tokens] if most_tokens is not None else [])
+            model_seqs, model_tokens = found.recommended()
+            seqs.extend([model_seqs] if model_seqs is not None else [])
+            tokens.extend([model_tokens] if model_tokens is not None else [])
         return seqs, tokens
 
     def gpu_utilization(self) -> list[float]:

@@ -75,8 +75,8 @@ class SidecarSource:
         per_server: dict[str, Mapping[str, scraping.ModelRates]] = {}
         gpu_utilization: list[float] = []
         delays: list[int] = []
-        most_seqs: list[int] = []
-        most_tokens: list[int] = []
+        llm_seqs: list[int] = []
+        llm_tokens: list[int] = []
         problems = list(self._known_problems)
         for url, status in zip(self._urls, found, strict=True):
             if isinstance(status, BaseException):
@@ -91,15 +91,15 @@ class SidecarSource:
             gpu_utilization.extend(status.gpu_utilization())
             delays.extend(status.recommended_delays(self._models))
             seqs, tokens = status.recommended_llm_limits(self._models)
-            most_seqs.extend(seqs)
-            most_tokens.extend(tokens)
+            llm_seqs.extend(seqs)
+            llm_tokens.extend(tokens)
         signals = aggregating.signals_from_rates(
             per_server.values(), models=self._models, gpu_utilization=gpu_utilization
         )
         recommended = {
             decisions.RECOMMENDED_QUEUE_DELAY: min(delays, default=None),
-            decisions.RECOMMENDED_MAX_NUM_SEQS: min(most_seqs, default=None),
-            decisions.RECOMMENDED_MAX_NUM_BATCHED_TOKENS: max(most_tokens, default=None),
+            decisions.RECOMMENDED_MAX_NUM_SEQS: min(llm_seqs, default=None),
+            decisions.RECOMMENDED_MAX_NUM_BATCHED_TOKENS: max(llm_tokens, default=None),
         }
         given = {name: float(value) for name, value in recommended.items() if value is not None}
         if given:
