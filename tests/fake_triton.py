@@ -16,44 +16,82 @@ ENGINE_BOUNDS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, math.inf)
 @dataclasses.dataclass
 class FakeEngine:
     """An LLM engine's own counts, as Triton's vLLM backend exports them with
-    REPORT_CUSTOM_METRICS: histograms by cumulative bucket, a token counter, gauges."""
+    REPORT_CUSTOM_METRICS (histograms with buckets, sums and counts; token counters; gauges),
+    advanced by hand."""
 
     ttft: dict[float, int] = dataclasses.field(default_factory=dict)
     """Cumulative first tokens by upper bound (seconds)."""
     inter_token: dict[float, int] = dataclasses.field(default_factory=dict)
+    """Cumulative gaps between tokens by upper bound (seconds)."""
+    first_tokens: int = 0
+    ttft_seconds: float = 0.0
+    gaps: int = 0
+    gap_seconds: float = 0.0
+    prompt_tokens: int = 0
     generation_tokens: int = 0
-    running: int = 0
-    waiting: int = 0
+    running: float = 0.0
+    waiting: float = 0.0
 
     def answer(self, *, requests: int, ttft_s: float, tokens: int, gap_s: float) -> None:
         """`requests` answers of `tokens` tokens each: the first after `ttft_s`, the others
         `gap_s` apart."""
-        for bound in ENGINE_BOUNDS:
-            if ttft_s <= bound:
-                self.ttft[bound] = self.ttft.get(bound, 0) + requests
-            if gap_s <= bound:
-                self.inter_token[bound] = self.inter_token.get(bound, 0) + requests * (tokens - 1)
+        self._first_tokens(requests, ttft_s)
+        self._gaps(requests * (tokens - 1), gap_s)
         self.generation_tokens += requests * tokens
 
+    def decode(self, *, running: float, tokens: int, step_ms: float) -> None:
+        """`tokens` tokens after the first of their sequences, `step_ms` apart, with `running`
+        sequences running from here on."""
+        self.running = running
+        self._gaps(tokens, step_ms / 1000)
+        self.generation_tokens += tokens
+
+    def prompts(self, *, count: int, tokens_each: int, ttft_ms: float) -> None:
+        """`count` prompts of `tokens_each` tokens, each first token `ttft_ms` after arrival."""
+        self._first_tokens(count, ttft_ms / 1000)
+        self.prompt_tokens += count * tokens_each
+        self.generation_tokens += count
+
+    def _first_tokens(self, count: int, seconds: float) -> None:
+        self.first_tokens += count
+        self.ttft_seconds += count * seconds
+        _observe(self.ttft, count, seconds)
+
+    def _gaps(self, count: int, seconds: float) -> None:
+        self.gaps += count
+        self.gap_seconds += count * seconds
+        _observe(self.inter_token, count, seconds)
+
     def families(self, labels: str) -> dict[str, list[str]]:
+        """The vLLM backend's families, each as its TYPE line and its samples."""
         found: dict[str, list[str]] = {}
-        for family, counts in (
-            ("vllm:time_to_first_token_seconds", self.ttft),
-            ("vllm:inter_token_latency_seconds", self.inter_token),
+        for family, buckets, count, seconds in (
+            ("vllm:time_to_first_token_seconds", self.ttft, self.first_tokens, self.ttft_seconds),
+            ("vllm:inter_token_latency_seconds", self.inter_token, self.gaps, self.gap_seconds),
         ):
-            total = counts.get(math.inf, 0)
-            lines = [f"# TYPE {family} histogram", f"{family}_count{{{labels}}} {total}"]
+            lines = [
+                f"# TYPE {family} histogram",
+                f"{family}_count{{{labels}}} {count}",
+                f"{family}_sum{{{labels}}} {seconds}",
+            ]
             for bound in ENGINE_BOUNDS:
                 le = "+Inf" if math.isinf(bound) else f"{bound}"
-                lines.append(f'{family}_bucket{{{labels},le="{le}"}} {counts.get(bound, 0)}')
+                lines.append(f'{family}_bucket{{{labels},le="{le}"}} {buckets.get(bound, 0)}')
             found[family] = lines
         for family, kind, value in (
+            ("vllm:prompt_tokens_total", "counter", self.prompt_tokens),
             ("vllm:generation_tokens_total", "counter", self.generation_tokens),
             ("vllm:num_requests_running", "gauge", self.running),
             ("vllm:num_requests_waiting", "gauge", self.waiting),
         ):
             found[family] = [f"# TYPE {family} {kind}", f"{family}{{{labels}}} {value}"]
         return found
+
+
+def _observe(buckets: dict[float, int], count: int, seconds: float) -> None:
+    for bound in ENGINE_BOUNDS:
+        if seconds <= bound:
+            buckets[bound] = buckets.get(bound, 0) + count
 
 
 @dataclasses.dataclass

@@ -10,12 +10,14 @@ from pathlib import Path
 from aiohttp import web
 
 from batchpilot_harness import local_triton
-from batchpilot_sidecar import collecting, gpus, recommending, serving, steptimes
+from batchpilot_sidecar import collecting, gpus, llm_recommending, recommending, serving, steptimes
 from fake_nvml import FakeGpu, FakeNvml
 from fake_triton import FakeModel, FakeTriton
 
 TRUTH = steptimes.StepTimeModel(t0_ms=4.0, c_ms=0.35, alpha=0.7)
 FIT_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+DECODE_TRUTH = steptimes.StepTimeModel(t0_ms=3.0, c_ms=0.4, alpha=0.8)
+RUNNING_COUNTS = (1, 2, 4, 8, 16)
 
 
 class Clock:
@@ -74,17 +76,44 @@ async def fitted(
     await tick(collector, clock, 5.0)
 
 
+async def decoded(
+    model: FakeModel,
+    collector: collecting.Collector,
+    clock: Clock,
+    *,
+    running_counts: tuple[int, ...] = RUNNING_COUNTS,
+    prompt_tokens: int = 256,
+) -> None:
+    """An LLM engine that ran each of `running_counts` sequences for two intervals at
+    DECODE_TRUTH's step time, then took 10 prompts of `prompt_tokens`."""
+    engine = model.engine
+    assert engine is not None, "the model needs a FakeEngine"
+    await collector.collect()
+    for running in running_counts:
+        engine.running = running  # an interval to settle: the samples see one count each
+        await tick(collector, clock)
+        for _ in range(2):
+            engine.decode(running=running, tokens=50 * running, step_ms=DECODE_TRUTH.ms(running))
+            await tick(collector, clock)
+    engine.prompts(count=10, tokens_each=prompt_tokens, ttft_ms=40.0)
+    await tick(collector, clock, 5.0)
+
+
 @asynccontextmanager
 async def serving_app(
     collector: collecting.Collector,
     default_objective: recommending.Objective | None = None,
+    default_llm_objective: llm_recommending.LlmObjective | None = None,
     *,
     model_repository: Path | None = None,
 ) -> AsyncIterator[str]:
     """The sidecar's app on a loopback port; yields its base URL."""
     runner = web.AppRunner(
         serving.application(
-            collector, default_objective=default_objective, model_repository=model_repository
+            collector,
+            default_objective=default_objective,
+            default_llm_objective=default_llm_objective,
+            model_repository=model_repository,
         ),
         access_log=None,
     )

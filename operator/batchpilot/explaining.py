@@ -9,7 +9,7 @@ from typing import Any
 
 from batchpilot.policy import decisions, durations, leads, loads, rendering, specs
 
-SIGNAL_NAMES = (*specs.LOAD_METRICS, decisions.RECOMMENDED_QUEUE_DELAY)
+SIGNAL_NAMES = (*specs.LOAD_METRICS, *decisions.RECOMMENDATIONS)
 
 
 def parse_signals(assignments: list[str]) -> decisions.Signals:
@@ -126,6 +126,9 @@ def as_text(
         )
     if signals.metrics:
         lines.append("Signals:          " + _pairs(signals.metrics))
+    recommended = llm_recommendation(spec, signals)
+    if recommended is not None:
+        lines.append(f"LLM engines:      {recommended}")
     lines.append("dynamic_batching: " + json.dumps(decision.settings.dynamic_batching, indent=2))
     if decision.settings.max_batch_size is not None:
         lines.append(f"max_batch_size:   {decision.settings.max_batch_size}")
@@ -153,6 +156,25 @@ def _engine_settings(
     if unsupported:
         return "refused: the backend has no setting for " + ", ".join(unsupported)
     return json.dumps(dict(values))
+
+
+def llm_recommendation(spec: specs.BatchPolicySpec, signals: decisions.Signals) -> str | None:
+    """What the sidecars recommend for the LLM objectives, which batchpilot never applies."""
+    named = {
+        "maxNumSeqs": signals.metrics.get(decisions.RECOMMENDED_MAX_NUM_SEQS),
+        "maxNumBatchedTokens": signals.metrics.get(decisions.RECOMMENDED_MAX_NUM_BATCHED_TOKENS),
+    }
+    limits = [f"{name} {value:g}" for name, value in named.items() if value is not None]
+    if not limits:
+        return None
+    slo = spec.slo
+    objectives = {
+        "ttftP95Ms": slo.ttft_p95_ms if slo else None,
+        "itlP95Ms": slo.itl_p95_ms if slo else None,
+    }
+    given = [f"{name} {value:g}" for name, value in objectives.items() if value is not None]
+    towards = f" for {', '.join(given)}" if given else ""
+    return f"sidecars recommend {', '.join(limits)}{towards} (shown, not applied)"
 
 
 def _pairs(values: Mapping[str, float]) -> str:

@@ -256,8 +256,9 @@ def set_objective(
     metrics: ControllerMetrics, policy: str, spec: specs.BatchPolicySpec, profile: str
 ) -> None:
     """Export the latency objective while it governs the profile in force, and only then."""
-    if spec.slo is not None and spec.slo_governs(profile):
-        metrics.slo_p95.labels(policy).set(spec.slo.p95_latency_ms / 1000)
+    objective = spec.slo.p95_latency_ms if spec.slo is not None else None
+    if objective is not None and spec.slo_governs(profile):
+        metrics.slo_p95.labels(policy).set(objective / 1000)
     else:
         with contextlib.suppress(KeyError):  # not exported yet
             metrics.slo_p95.remove(policy)

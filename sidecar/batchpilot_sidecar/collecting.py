@@ -6,12 +6,16 @@ Triton's statistics extension (executions and compute time per exact batch size:
 the step-time fit) and the GPUs. Rates are increases between two consecutive pages, as
 `batchpilot_triton.scraping` computes them series by series.
 
+For a model served by an LLM engine the metrics page also gives the engine's inter-token latency
+and running sequences; each interval of them is a sample of the engine's step time against its
+running sequences (`decodesteps`), fitted like the batch sizes are.
+
 Memory is bounded whatever Triton serves. Each model keeps the per-interval rates of the last
-`rate_window` seconds and at most `max_observations` step-time observations of the last
-`fit_window` seconds, in deques with a maximum length. At most `max_models` models are tracked:
-a newcomer takes the place of the model idle the longest, and only while it is busy itself and
-the other is not, so a server with more models than the limit keeps its busy ones. A model gone
-from Triton's page is forgotten after `forget_after` seconds.
+`rate_window` seconds and at most `max_observations` step-time observations (and as many LLM
+step samples) of the last `fit_window` seconds, in deques with a maximum length. At most
+`max_models` models are tracked: a newcomer takes the place of the model idle the longest, and
+only while it is busy itself and the other is not, so a server with more models than the limit
+keeps its busy ones. A model gone from Triton's page is forgotten after `forget_after` seconds.
 
 A failed reading is data too: every source keeps when it last succeeded and its last error, so
 /status can say how fresh each number is.
@@ -29,7 +33,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from batchpilot_sidecar import gpus, steptimes
+from batchpilot_sidecar import decodesteps, gpus, steptimes
 from batchpilot_triton import engine_metrics, modelconfigs, scraping, servers
 
 logger = logging.getLogger("batchpilot.sidecar")
@@ -154,6 +158,10 @@ class ModelState:
         )
         self.totals: BatchTotals | None = None
         self.step_time: steptimes.Fit | steptimes.NotEnoughData = steptimes.fit(())
+        self.decode_samples: deque[tuple[float, decodesteps.Sample]] = deque(
+            maxlen=settings.max_observations
+        )
+        self.decode_step_time: steptimes.Fit | steptimes.NotEnoughData = decodesteps.fit(())
         self.fitted_at: float | None = None
         self.fit_due = False
         """Observations came or went since the last fit (refits wait for `fit_every`)."""
@@ -164,8 +172,24 @@ class ModelState:
         self.last_seen = now
         self.last_active: float | None = None
 
-    def add_interval(self, now: float, rates: scraping.ModelRates) -> None:
+    def add_interval(
+        self, now: float, rates: scraping.ModelRates, *, running_before: float | None = None
+    ) -> None:
+        """One interval's rates; `running_before` is the engine's running sequences when it
+        began (None for a model without an engine)."""
         self.intervals.append((now, rates))
+        engine = rates.engine
+        if engine is not None and running_before is not None:
+            found = decodesteps.sample(
+                engine.inter_token, running_before=running_before, running_after=engine.running
+            )
+            if found is not None:
+                self.decode_samples.append((now, found))
+                self.fit_due = True
+        since = now - self._settings.fit_window
+        while self.decode_samples and self.decode_samples[0][0] < since:
+            self.decode_samples.popleft()
+            self.fit_due = True
 
     def rates(self, now: float) -> scraping.ModelRates | None:
         """The intervals that ended within the rate window, as one."""
@@ -197,6 +221,7 @@ class ModelState:
 
     def refit(self, now: float) -> None:
         self.step_time = steptimes.fit(observation for _, observation in self.observations)
+        self.decode_step_time = decodesteps.fit(found for _, found in self.decode_samples)
         self.fitted_at = now
         self.fit_due = False
 
@@ -320,6 +345,8 @@ class Collector:
         previous, self._previous = self._previous, snapshot
         present = {name for name in snapshot.models() if not self.wanted or name in self.wanted}
         per_model = scraping.rates(previous, snapshot) if previous is not None else {}
+        # The engines' gauges as the intervals began: half of each interval's running count.
+        began = engine_metrics.engine_counts({}, previous.gauges) if previous is not None else {}
         busy = {name for name, rates in per_model.items() if rates.counted.requests > 0}
         for name in present & self.models.keys():
             state = self.models[name]
@@ -331,7 +358,10 @@ class Collector:
         self.untracked = sum(not self._admit(name, now, busy=name in busy) for name in newcomers)
         for name, rates in per_model.items():
             if name in self.models:
-                self.models[name].add_interval(now, rates)
+                engine = began.get(name)
+                self.models[name].add_interval(
+                    now, rates, running_before=engine.running if engine is not None else None
+                )
         forgotten = [
             name
             for name, state in self.models.items()

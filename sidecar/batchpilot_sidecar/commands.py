@@ -21,7 +21,8 @@ HELP = "GPU and Triton telemetry next to one Triton server, with recommendations
 DESCRIPTION = (
     "Every interval: read NVML (or a DCGM exporter), Triton's metrics and its statistics "
     "extension; fit each model's step time t0 + c*b^alpha; serve /metrics "
-    "(batchpilot_sidecar_*), /status (JSON; ?sloP95Ms=... for a queue-delay recommendation) and "
+    "(batchpilot_sidecar_*), /status (JSON; ?sloP95Ms=... for a queue-delay recommendation, "
+    "?ttftP95Ms=...&itlP95Ms=... for an LLM engine's maxNumSeqs and maxNumBatchedTokens) and "
     "/healthz; with --model-repository, an LLM model's engine arguments (its model.json) at "
     "/v1/models/MODEL/engine-arguments, for the operator. Works without a GPU and says so. Stops "
     "cleanly on SIGTERM or Ctrl-C."
@@ -60,6 +61,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="p95 objective for the recommendation gauges on /metrics (/status takes its own)",
     )
     parser.add_argument(
+        "--ttft-p95-ms",
+        type=float,
+        metavar="MS",
+        help="LLM engines: p95 time-to-first-token objective when /status names none",
+    )
+    parser.add_argument(
+        "--itl-p95-ms",
+        type=float,
+        metavar="MS",
+        help="LLM engines: p95 inter-token latency objective when /status names none",
+    )
+    parser.add_argument(
         "--models", metavar="A,B", help="only these models (default: every model Triton serves)"
     )
     parser.add_argument(
@@ -85,7 +98,7 @@ def run(arguments: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    from batchpilot_sidecar import collecting, recommending, serving
+    from batchpilot_sidecar import collecting, llm_recommending, recommending, serving
 
     if arguments.model_repository is not None and not arguments.model_repository.is_dir():
         raise ValueError(f"--model-repository {arguments.model_repository} is not a directory")
@@ -108,6 +121,9 @@ def run(arguments: argparse.Namespace) -> int:
             dcgm_url=arguments.dcgm_url,
             pod=arguments.pod_name,
             default_objective=objective,
+            default_llm_objective=llm_recommending.LlmObjective(
+                ttft_p95_ms=arguments.ttft_p95_ms, itl_p95_ms=arguments.itl_p95_ms
+            ),
             models=[name for name in (arguments.models or "").split(",") if name],
             model_repository=arguments.model_repository,
         )

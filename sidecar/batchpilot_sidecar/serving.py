@@ -19,7 +19,14 @@ from pathlib import Path
 
 from aiohttp import web
 
-from batchpilot_sidecar import collecting, gpus, recommending, statuses, telemetry
+from batchpilot_sidecar import (
+    collecting,
+    gpus,
+    llm_recommending,
+    recommending,
+    statuses,
+    telemetry,
+)
 from batchpilot_triton import exposition, reports, repositories, servers
 
 logger = logging.getLogger("batchpilot.sidecar")
@@ -33,6 +40,7 @@ def application(
     collector: collecting.Collector,
     *,
     default_objective: recommending.Objective | None = None,
+    default_llm_objective: llm_recommending.LlmObjective | None = None,
     started: float | None = None,
     model_repository: Path | None = None,
 ) -> web.Application:
@@ -42,9 +50,10 @@ def application(
     async def status(request: web.Request) -> web.Response:
         try:
             objective = statuses.parse_objective(request.query, default_objective)
+            llm_objective = statuses.parse_llm_objective(request.query, default_llm_objective)
         except ValueError as error:
             return web.json_response({"error": str(error)}, status=400)
-        body = reports.as_json(statuses.document(collector, objective))
+        body = reports.as_json(statuses.document(collector, objective, llm_objective))
         return web.json_response(body, dumps=lambda value: json.dumps(value, indent=2))
 
     async def healthz(_: web.Request) -> web.Response:
@@ -97,6 +106,7 @@ async def run_sidecar(
     dcgm_url: str | None = None,
     pod: str | None = None,
     default_objective: recommending.Objective | None = None,
+    default_llm_objective: llm_recommending.LlmObjective | None = None,
     models: Collection[str] = (),
     model_repository: Path | None = None,
 ) -> int:
@@ -110,6 +120,7 @@ async def run_sidecar(
     app = application(
         collector,
         default_objective=default_objective,
+        default_llm_objective=default_llm_objective,
         started=time.monotonic(),
         model_repository=model_repository,
     )

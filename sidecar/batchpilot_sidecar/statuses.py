@@ -2,7 +2,8 @@
 
 Fits do not depend on any objective; recommendations do, so the caller brings its own:
 `/status?sloP95Ms=50&marginMs=5&minDelayUs=100&maxDelayUs=20000` (the operator and the runner
-pass their policy's `spec.slo`), falling back to the sidecar's `--slo-p95-ms`.
+pass their policy's `spec.slo`), falling back to the sidecar's `--slo-p95-ms`; for LLM engines
+`ttftP95Ms=500&itlP95Ms=50`, falling back to `--ttft-p95-ms` and `--itl-p95-ms`.
 
 Latency quantiles come from Triton's summary metrics where it exports them (`--metrics-config
 summary_latencies=true`). Without them they are estimated, and the document says so and how:
@@ -14,13 +15,14 @@ quantiles only.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from batchpilot_sidecar import collecting, gpus, recommending, steptimes
+from batchpilot_sidecar import collecting, gpus, llm_recommending, recommending, steptimes
 from batchpilot_triton import __version__, modelconfigs, reports, scraping
 
 STALE_INTERVALS = 3
@@ -162,8 +164,104 @@ def parse_objective(
     )
 
 
+def parse_llm_objective(
+    query: Mapping[str, str], default: llm_recommending.LlmObjective | None
+) -> llm_recommending.LlmObjective | None:
+    """The LLM objectives a /status query asks for; those it leaves out come from `default`."""
+    asked = reports.ObjectiveQuery.from_query(query)
+    ttft, itl = asked.ttft_p95_ms, asked.itl_p95_ms
+    if default is not None:
+        ttft = ttft if ttft is not None else default.ttft_p95_ms
+        itl = itl if itl is not None else default.itl_p95_ms
+    objective = llm_recommending.LlmObjective(ttft_p95_ms=ttft, itl_p95_ms=itl)
+    return objective if objective.given else None
+
+
+def recommend_llm(
+    state: collecting.ModelState,
+    rates: scraping.ModelRates | None,
+    objective: llm_recommending.LlmObjective | None,
+) -> reports.LlmRecommendationReport:
+    """maxNumSeqs and maxNumBatchedTokens for an LLM engine's objectives, or why there are none."""
+    if objective is None:
+        return reports.LlmRecommendationReport(
+            status="unavailable",
+            reason=f"no objective: pass {reports.TTFT_P95_MS} or {reports.ITL_P95_MS}",
+        )
+    used = reports.LlmObjectiveReport(
+        ttft_p95_ms=objective.ttft_p95_ms,
+        itl_p95_ms=objective.itl_p95_ms,
+        margin_fraction=llm_recommending.MARGIN_FRACTION,
+    )
+    fit = state.decode_step_time
+    if isinstance(fit, steptimes.NotEnoughData):
+        return reports.LlmRecommendationReport(
+            status="unavailable", reason=f"step time not fitted: {fit.reason}", objective=used
+        )
+    most_running = fit.batch_sizes[-1]
+    seqs: llm_recommending.Limit | None = None
+    if objective.itl_p95_ms is not None:
+        seqs = llm_recommending.max_num_seqs(
+            fit.model, itl_p95_ms=objective.itl_p95_ms, most_running_seen=most_running
+        )
+        seqs_report = _limit(seqs)
+    else:
+        seqs_report = reports.EngineLimitReport(
+            status="unavailable", reason=f"no {reports.ITL_P95_MS} objective"
+        )
+    running = seqs.value if seqs is not None else most_running
+    engine = rates.engine if rates is not None else None
+    prompts = engine.time_to_first_token.count if engine is not None else 0.0
+    mean_prompt = engine.prompt_tokens / prompts if engine is not None and prompts > 0 else None
+    prompt_rate = (
+        engine.prompt_tokens / rates.seconds
+        if engine is not None and rates is not None and rates.seconds > 0
+        else None
+    )
+    if objective.ttft_p95_ms is None:
+        tokens_report = reports.EngineLimitReport(
+            status="unavailable", reason=f"no {reports.TTFT_P95_MS} objective"
+        )
+    elif mean_prompt is None or prompt_rate is None:
+        tokens_report = reports.EngineLimitReport(
+            status="unavailable", reason="no prompts measured in the rate window"
+        )
+    else:
+        tokens_report = _limit(
+            llm_recommending.max_num_batched_tokens(
+                fit.model,
+                ttft_p95_ms=objective.ttft_p95_ms,
+                running=running,
+                prompt_tokens=mean_prompt,
+                prompt_tokens_per_second=prompt_rate,
+            )
+        )
+    return reports.LlmRecommendationReport(
+        status="ok",
+        objective=used,
+        assumed_running_sequences=running,
+        mean_prompt_tokens=_round(mean_prompt),
+        prompt_tokens_per_second=_round(prompt_rate),
+        max_num_seqs=seqs_report,
+        max_num_batched_tokens=tokens_report,
+    )
+
+
+def _limit(limit: llm_recommending.Limit) -> reports.EngineLimitReport:
+    return reports.EngineLimitReport(
+        status="ok",
+        reason=limit.reason,
+        value=limit.value,
+        step_ms=_round(limit.step_ms),
+        margin_ms=_round(limit.margin_ms),
+        meets_objective=limit.meets_objective,
+    )
+
+
 def document(
-    collector: collecting.Collector, objective: recommending.Objective | None
+    collector: collecting.Collector,
+    objective: recommending.Objective | None,
+    llm_objective: llm_recommending.LlmObjective | None = None,
 ) -> reports.StatusDocument:
     """The whole /status document."""
     now = collector.clock()
@@ -194,7 +292,7 @@ def document(
         gpu=_gpu(collector.gpu),
         objective=_objective(objective),
         models={
-            name: _model(collector, state, now, objective)
+            name: _model(collector, state, now, objective, llm_objective)
             for name, state in sorted(collector.models.items())
         },
     )
@@ -260,6 +358,7 @@ def _model(
     state: collecting.ModelState,
     now: float,
     objective: recommending.Objective | None,
+    llm_objective: llm_recommending.LlmObjective | None,
 ) -> reports.ModelReport:
     rates = state.rates(now)
     estimate = latency(rates, summaries_enabled=collector.summaries_enabled)
@@ -302,7 +401,31 @@ def _model(
         recommendation=_recommendation(
             recommend(state, now=now, gpu=collector.gpu, objective=objective)
         ),
-        llm=reports.LlmReport.from_rates(rates),
+        llm=_llm(state, rates, now, llm_objective),
+    )
+
+
+def _llm(
+    state: collecting.ModelState,
+    rates: scraping.ModelRates | None,
+    now: float,
+    objective: llm_recommending.LlmObjective | None,
+) -> reports.LlmReport | None:
+    """What the engine counted (as every source reads it), with this sidecar's step-time fit
+    and recommendation."""
+    measured = reports.LlmReport.from_rates(rates)
+    if measured is None:
+        return None
+    return dataclasses.replace(
+        measured,
+        step_time=_fit_report(
+            state.decode_step_time,
+            observations=len(state.decode_samples),
+            up_to_date=not state.fit_due,
+            fitted_at=state.fitted_at,
+            now=now,
+        ),
+        recommendation=recommend_llm(state, rates, objective),
     )
 
 
@@ -335,15 +458,30 @@ def _config(config: modelconfigs.ServedBatching | None) -> reports.ConfigReport 
 
 
 def _step_time(state: collecting.ModelState, now: float) -> reports.StepTimeReport:
-    fit = state.step_time
-    observations = len(state.observations)
+    return _fit_report(
+        state.step_time,
+        observations=len(state.observations),
+        up_to_date=not state.fit_due,
+        fitted_at=state.fitted_at,
+        now=now,
+    )
+
+
+def _fit_report(
+    fit: steptimes.Fit | steptimes.NotEnoughData,
+    *,
+    observations: int,
+    up_to_date: bool,
+    fitted_at: float | None,
+    now: float,
+) -> reports.StepTimeReport:
     if isinstance(fit, steptimes.NotEnoughData):
         return reports.StepTimeReport(
             status="insufficient",
             reason=fit.reason,
             batch_sizes=tuple(fit.batch_sizes),
             observations=observations,
-            up_to_date=not state.fit_due,
+            up_to_date=up_to_date,
         )
     return reports.StepTimeReport(
         status="fitted",
@@ -363,8 +501,8 @@ def _step_time(state: collecting.ModelState, now: float) -> reports.StepTimeRepo
             for p in fit.points
         ),
         observations=observations,
-        up_to_date=not state.fit_due,
-        fitted_ago_seconds=(_round(now - state.fitted_at) if state.fitted_at is not None else None),
+        up_to_date=up_to_date,
+        fitted_ago_seconds=_round(now - fitted_at) if fitted_at is not None else None,
     )
 
 

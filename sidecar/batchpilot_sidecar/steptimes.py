@@ -116,7 +116,10 @@ def fit(
     min_batch_sizes: int = MIN_BATCH_SIZES,
     min_span: float = MIN_SPAN,
     min_executions: int = MIN_EXECUTIONS,
+    named: str = "batch sizes",
 ) -> Fit | NotEnoughData:
+    """The robust fit of the observations, or what is missing; `named` is what the batch sizes
+    are called in that message (an LLM engine's are running-sequence counts)."""
     by_size: defaultdict[int, list[Observation]] = defaultdict(list)
     for observation in observations:
         if observation.executions > 0 and math.isfinite(observation.mean_ms):
@@ -125,13 +128,13 @@ def fit(
     sizes = tuple(sorted(size for size, count in counts.items() if count >= min_executions))
     if len(sizes) < min_batch_sizes:
         return NotEnoughData(
-            reason=f"{len(sizes)} distinct batch sizes seen at least {min_executions} times"
+            reason=f"{len(sizes)} distinct {named} seen at least {min_executions} times"
             f"{_listing(sizes)}; a fit needs {min_batch_sizes} spanning at least {min_span:g}x",
             batch_sizes=sizes,
         )
     if sizes[-1] / sizes[0] < min_span:
         return NotEnoughData(
-            reason=f"batch sizes seen span {sizes[-1] / sizes[0]:.2g}x{_listing(sizes)}; "
+            reason=f"{named} seen span {sizes[-1] / sizes[0]:.2g}x{_listing(sizes)}; "
             f"a fit needs at least {min_span:g}x",
             batch_sizes=sizes,
         )

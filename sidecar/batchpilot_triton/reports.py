@@ -51,17 +51,21 @@ def as_json(report: Any) -> Any:
     return report
 
 
-# The recommendation query: `/status?sloP95Ms=50&marginMs=5&minDelayUs=100&maxDelayUs=20000`.
+# The recommendation query: `/status?sloP95Ms=50&marginMs=5&minDelayUs=100&maxDelayUs=20000`,
+# and for LLM engines `ttftP95Ms=500&itlP95Ms=50`.
 SLO_P95_MS = "sloP95Ms"
 MARGIN_MS = "marginMs"
 MIN_DELAY_US = "minDelayUs"
 MAX_DELAY_US = "maxDelayUs"
+TTFT_P95_MS = "ttftP95Ms"
+ITL_P95_MS = "itlP95Ms"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ObjectiveQuery:
-    """The latency objective a caller brings to `/status`; a missing value takes the sidecar's
-    default (`--slo-p95-ms`, then the built-in margin and delay bounds)."""
+    """The latency objectives a caller brings to `/status`; a missing value takes the sidecar's
+    default (`--slo-p95-ms`, `--ttft-p95-ms`, `--itl-p95-ms`, then the built-in margin and delay
+    bounds)."""
 
     __pydantic_config__: ClassVar[Mapping[str, Any]] = _WIRE
 
@@ -69,6 +73,8 @@ class ObjectiveQuery:
     margin_ms: float | None = None
     min_delay_us: int | None = None
     max_delay_us: int | None = None
+    ttft_p95_ms: float | None = None
+    itl_p95_ms: float | None = None
 
     def to_query(self) -> dict[str, str]:
         values = {
@@ -76,6 +82,8 @@ class ObjectiveQuery:
             MARGIN_MS: self.margin_ms,
             MIN_DELAY_US: self.min_delay_us,
             MAX_DELAY_US: self.max_delay_us,
+            TTFT_P95_MS: self.ttft_p95_ms,
+            ITL_P95_MS: self.itl_p95_ms,
         }
         return {key: f"{value:g}" for key, value in values.items() if value is not None}
 
@@ -101,6 +109,8 @@ class ObjectiveQuery:
             margin_ms=number(MARGIN_MS),
             min_delay_us=round(low) if low is not None else None,
             max_delay_us=round(high) if high is not None else None,
+            ttft_p95_ms=number(TTFT_P95_MS),
+            itl_p95_ms=number(ITL_P95_MS),
         )
 
 
@@ -287,6 +297,61 @@ class RecommendationReport:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class LlmObjectiveReport:
+    """The engine-side objectives an LLM recommendation was made for."""
+
+    __pydantic_config__: ClassVar[Mapping[str, Any]] = _WIRE
+
+    ttft_p95_ms: float | None
+    itl_p95_ms: float | None
+    margin_fraction: float
+    """Each objective's margin, as a fraction of it."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EngineLimitReport:
+    """One recommended engine limit (vLLM max_num_seqs or max_num_batched_tokens)."""
+
+    __pydantic_config__: ClassVar[Mapping[str, Any]] = _WIRE
+
+    status: Literal["ok", "unavailable"]
+    reason: str
+    value: int | None = None
+    step_ms: float | None = None
+    """The fitted step time the rule used."""
+    margin_ms: float | None = None
+    meets_objective: bool | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LlmRecommendationReport:
+    """maxNumSeqs for itlP95Ms and maxNumBatchedTokens for ttftP95Ms, from the fitted step time
+    at the measured load; recommended, never applied."""
+
+    __pydantic_config__: ClassVar[Mapping[str, Any]] = _WIRE
+
+    status: Literal["ok", "unavailable"]
+    reason: str | None = None
+    """Why there is none (status unavailable)."""
+    objective: LlmObjectiveReport | None = None
+    assumed_running_sequences: int | None = None
+    """The sequences taken to run in every step (the engine full)."""
+    mean_prompt_tokens: float | None = None
+    """Prompt tokens per request over the rate window."""
+    prompt_tokens_per_second: float | None = None
+    max_num_seqs: EngineLimitReport | None = None
+    max_num_batched_tokens: EngineLimitReport | None = None
+
+    def recommended(self) -> tuple[int | None, int | None]:
+        """(maxNumSeqs, maxNumBatchedTokens), each None where not recommended."""
+
+        def value(limit: EngineLimitReport | None) -> int | None:
+            return limit.value if limit is not None and limit.status == "ok" else None
+
+        return value(self.max_num_seqs), value(self.max_num_batched_tokens)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class LlmReport:
     """What an LLM engine measured itself over the rate window (Triton's vLLM backend with
     REPORT_CUSTOM_METRICS): quantiles are null without observations."""
@@ -307,6 +372,11 @@ class LlmReport:
     waiting_sequences: float
     kv_cache_usage: float | None
     """Fraction of the KV cache in use (0..1), when exported."""
+    step_time: StepTimeReport | None = None
+    """The fit of the engine's step time (mean inter-token latency) against its running
+    sequences over the fit window: `batchSizes` and the points' `batchSize` are running counts,
+    `executions` the inter-token gaps behind them."""
+    recommendation: LlmRecommendationReport | None = None
 
     @classmethod
     def from_rates(cls, rates: scraping.ModelRates | None) -> LlmReport | None:
@@ -419,6 +489,20 @@ class StatusDocument:
             if not models or name in models
         )
         return [delay for delay in delays if delay is not None]
+
+    def recommended_llm_limits(self, models: Collection[str]) -> tuple[list[int], list[int]]:
+        """The maxNumSeqs and the maxNumBatchedTokens recommended for these LLM models (all
+        when empty)."""
+        seqs: list[int] = []
+        tokens: list[int] = []
+        for name, model in self.models.items():
+            found = model.llm.recommendation if model.llm is not None else None
+            if found is None or (models and name not in models):
+                continue
+            model_seqs, model_tokens = found.recommended()
+            seqs.extend([model_seqs] if model_seqs is not None else [])
+            tokens.extend([model_tokens] if model_tokens is not None else [])
+        return seqs, tokens
 
     def gpu_utilization(self) -> list[float]:
         return [d.utilization for d in self.gpu.devices if d.utilization is not None]

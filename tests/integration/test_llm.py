@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import tritonclient.grpc.aio as triton_grpc
 
 from batchpilot import running, telemetry
 from batchpilot.applying import actuators, engines, overrides, rollouts
@@ -245,6 +246,75 @@ def test_the_sidecar_s_ttft_inter_token_latency_and_tokens_agree_with_the_client
     assert 0.4 * ttft[0] <= llm["ttftP50Ms"] <= 1.1 * ttft[0] + 5
     client_itl = llm_load.percentile(client_itl_ms, 0.5)
     assert 0.4 * client_itl <= llm["interTokenP50Ms"] <= 1.25 * client_itl
+
+
+async def closed_loop(
+    server: local_triton.LocalTriton, *, streams: int, seconds: float, output_tokens: int = 96
+) -> list[llm_load.Completion]:
+    """`streams` clients, each sending its next request once the last one ended, for `seconds`:
+    the engine runs about `streams` sequences all along."""
+    deadline = time.monotonic() + seconds
+    async with triton_grpc.InferenceServerClient(server.grpc_address) as client:
+
+        async def stream(index: int) -> list[llm_load.Completion]:
+            done: list[llm_load.Completion] = []
+            while time.monotonic() < deadline:
+                text = llm_load.prompt(32, seed=index)
+                done.append(
+                    await llm_load.complete(
+                        client, text, max_tokens=output_tokens, request_id=f"{index}-{len(done)}"
+                    )
+                )
+            return done
+
+        found = await asyncio.gather(*(stream(index) for index in range(streams)))
+    return [completion for completions in found for completion in completions]
+
+
+def llm_status(url: str, query: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{url}/status?{query}", timeout=5) as response:
+        report: dict[str, Any] = json.loads(response.read())["models"][MODEL]["llm"]
+    return report
+
+
+async def test_the_sidecar_fits_the_engine_s_step_time_and_recommends_its_limits(
+    llm_server: local_triton.LocalTriton, tmp_path: Path
+) -> None:
+    objectives = "ttftP95Ms=500&itlP95Ms=20"
+    with local_sidecar.running(
+        llm_server,
+        *("--interval", "0.5", "--rate-window", "3"),
+        command=("-m", "batchpilot", "sidecar"),
+        log=tmp_path / "sidecar.log",
+    ) as sidecar:
+        sidecar_report(
+            sidecar.url, until=lambda report: (report.get("window") or {}).get("seconds", 0) > 0
+        )
+        for streams in (1, 2, 4, 8, 16):
+            completions = await closed_loop(llm_server, streams=streams, seconds=3)
+            assert all(completion.ok for completion in completions)
+        # A steady load of 8 sequences, read while it lasts: the rate window holds only it.
+        steady = asyncio.create_task(closed_loop(llm_server, streams=8, seconds=9))
+        await asyncio.sleep(6)
+        llm = await asyncio.to_thread(llm_status, sidecar.url, objectives)
+        assert all(completion.ok for completion in await steady)
+    fit, recommendation = llm["stepTime"], llm["recommendation"]
+    print(f"\nLLM step-time fit: {json.dumps(fit)}\nrecommendation: {json.dumps(recommendation)}")
+    assert fit["status"] == "fitted", fit["reason"]
+    running = llm["runningSequences"]
+    fitted_ms = fit["t0Ms"] + fit["cMs"] * running ** fit["alpha"]
+    print(
+        f"at {running:g} running: fitted step {fitted_ms:.2f} ms, "
+        f"engine inter-token p50 {llm['interTokenP50Ms']} ms"
+    )
+    assert running >= 4
+    assert fitted_ms == pytest.approx(llm["interTokenP50Ms"], rel=0.3)
+    assert recommendation["status"] == "ok"
+    seqs = recommendation["maxNumSeqs"]["value"]
+    tokens = recommendation["maxNumBatchedTokens"]["value"]
+    assert 1 <= seqs <= 2 * max(fit["batchSizes"])
+    assert tokens >= seqs
+    assert recommendation["maxNumSeqs"]["meetsObjective"]
 
 
 async def test_the_runner_applies_a_policy_s_llm_profile_with_the_repository_it_reads(

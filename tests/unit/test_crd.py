@@ -125,3 +125,16 @@ def test_every_cel_rule_compiles() -> None:
     for rule in rules:
         environment.compile(rule)
     assert len(rules) >= 10
+
+
+def test_llm_objectives_alone_are_an_slo_and_the_cel_rules_agree() -> None:
+    spec = copy.deepcopy(BASE_SPEC)
+    spec["slo"] = {"ttftP95Ms": 500, "itlP95Ms": 40, "guard": True}
+    assert admission_errors(spec) == []
+    parsed = documents.parse_spec(spec)
+    assert parsed.slo is not None
+    assert (parsed.slo.ttft_p95_ms, parsed.slo.itl_p95_ms, parsed.slo.p95_latency_ms) == (
+        500,
+        40,
+        None,
+    )

@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
-from batchpilot import cli
+from batchpilot import cli, explaining
+from batchpilot.policy import decisions
+from builders import make_spec
 
 SAMPLE = Path(__file__).resolve().parents[2] / "manifests" / "batchpolicy.yaml"
 
@@ -219,3 +221,27 @@ def test_explain_names_the_llm_signals_it_takes(capsys: pytest.CaptureFixture[st
     error = capsys.readouterr().err
     for name in ("ttftP95Ms", "interTokenP95Ms", "outputTokensPerSecond", "waitingSequences"):
         assert name in error
+
+
+def test_explain_shows_the_sidecars_llm_limits_and_applies_none(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    arguments = ["--at", "2026-11-24T10:00:00-05:00"]
+    arguments += ["--signal", "recommendedMaxNumSeqs=12"]
+    arguments += ["--signal", "recommendedMaxNumBatchedTokens=384"]
+    assert cli.main(["explain", "--policy", str(SAMPLE), *arguments]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "LLM engines:      sidecars recommend maxNumSeqs 12, maxNumBatchedTokens 384 "
+        "(shown, not applied)"
+    ) in out
+    assert "LLM engine (vLLM model.json)" not in out, "the sample's profiles set no LLM knobs"
+
+
+def test_the_llm_recommendation_names_the_objectives_it_serves() -> None:
+    spec = make_spec(slo={"ttftP95Ms": 500, "itlP95Ms": 40})
+    signals = decisions.Signals(metrics={decisions.RECOMMENDED_MAX_NUM_SEQS: 24})
+    assert explaining.llm_recommendation(spec, signals) == (
+        "sidecars recommend maxNumSeqs 24 for ttftP95Ms 500, itlP95Ms 40 (shown, not applied)"
+    )
+    assert explaining.llm_recommendation(spec, decisions.Signals()) is None

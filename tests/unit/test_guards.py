@@ -102,3 +102,8 @@ def test_the_guard_stays_out_of_profiles_the_objective_does_not_govern() -> None
 
 def test_the_guard_can_be_turned_off() -> None:
     assert delays(p95s((0, 40), (15, 80)), guard=False) == [(8000, None), (8000, None)]
+
+
+def test_without_a_p95_objective_the_guard_does_nothing() -> None:
+    made = delays(p95s((0, 400), (15, 800), (30, 800)), p95LatencyMs=None, itlP95Ms=40)
+    assert made == [(8000, None), (8000, None), (8000, None)]

@@ -37,6 +37,15 @@ GUARD_FACTOR = 0.5
 """A breach halves the queue delay in force."""
 RECOMMENDED_QUEUE_DELAY = "recommendedQueueDelayMicroseconds"
 """Signal name of the sidecar's queue-delay recommendation, used by SLO autotune."""
+RECOMMENDED_MAX_NUM_SEQS = "recommendedMaxNumSeqs"
+RECOMMENDED_MAX_NUM_BATCHED_TOKENS = "recommendedMaxNumBatchedTokens"
+"""Signal names of the sidecars' LLM engine limits for slo.itlP95Ms and slo.ttftP95Ms: shown
+(`batchpilot explain`, the batchpilot_signal gauge), never applied."""
+RECOMMENDATIONS = (
+    RECOMMENDED_QUEUE_DELAY,
+    RECOMMENDED_MAX_NUM_SEQS,
+    RECOMMENDED_MAX_NUM_BATCHED_TOKENS,
+)
 AUTOTUNE_RELATIVE_CHANGE = 0.25
 """Autotune keeps the delay in force until a recommendation differs from it by more than this
 fraction of it: every change reloads the model, and a reload stalls its requests."""
@@ -364,7 +373,13 @@ def _settings(
     that delay leaves it alone, and so does a missing one (a sidecar that did not answer once),
     so that the model is not reloaded for nothing."""
     slo = spec.slo
-    if slo is None or not slo.autotune or not spec.slo_governs(profile):
+    # autotune needs p95LatencyMs (a CEL rule); a policy object built in code may lack it.
+    if (
+        slo is None
+        or not slo.autotune
+        or slo.p95_latency_ms is None
+        or not spec.slo_governs(profile)
+    ):
         return rendering.render(spec.profiles[profile]), None
 
     def clamped(delay: float) -> int:
@@ -398,14 +413,15 @@ def _guarded(
     says for the reason. It acts on a breach only once the delay in force has `settled` (the
     p95 was measured under it); without a p95 reading it stays as it was."""
     slo = spec.slo
-    if slo is None or not slo.guard or not spec.slo_governs(profile):
+    if slo is None or not slo.guard or slo.p95_latency_ms is None or not spec.slo_governs(profile):
         return settings, None, None
+    objective = slo.p95_latency_ms
     p95 = signals.metrics.get("p95LatencyMs")
     interval = datetime.timedelta(seconds=slo.guard_interval_seconds)
     in_force = settings.dynamic_batching["max_queue_delay_microseconds"]
     if guard is not None:
         in_force = min(in_force, guard.delay_microseconds)
-    if p95 is not None and p95 > slo.p95_latency_ms:
+    if p95 is not None and p95 > objective:
         recommended = signals.metrics.get(RECOMMENDED_QUEUE_DELAY)
         lowered = round(in_force * GUARD_FACTOR)
         if recommended is not None and recommended < in_force:
@@ -425,7 +441,7 @@ def _guarded(
     held = dict(settings.dynamic_batching, max_queue_delay_microseconds=guard.delay_microseconds)
     seen = f"p95 {p95:.1f} ms" if p95 is not None else "no p95 reading"
     note = (
-        f"SLO guard: {seen} against {slo.p95_latency_ms:g} ms, queue delay held at "
+        f"SLO guard: {seen} against {objective:g} ms, queue delay held at "
         f"{guard.delay_microseconds} us"
     )
     return rendering.Settings(held, settings.max_batch_size), guard, note

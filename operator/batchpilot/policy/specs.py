@@ -504,16 +504,25 @@ class Load(Model):
 
 
 class Slo(Model):
-    """The latency objective, and whether the queue delay is tuned to meet it."""
+    """The latency objectives (at least one), and whether the queue delay is tuned to meet the
+    request-latency one."""
 
-    p95_latency_ms: Annotated[float, Field(gt=0, le=600_000)]
-    """The p95 request latency objective in milliseconds."""
+    p95_latency_ms: Annotated[float, Field(gt=0, le=600_000)] | None = None
+    """The p95 request latency objective in milliseconds. Autotune and the guard of the queue
+    delay work towards it, and do nothing without it."""
+    ttft_p95_ms: Annotated[float, Field(gt=0, le=600_000)] | None = None
+    """For LLM engines: the p95 time to first token objective in milliseconds. The sidecars
+    recommend a maxNumBatchedTokens for it (shown, never applied)."""
+    itl_p95_ms: Annotated[float, Field(gt=0, le=600_000)] | None = None
+    """For LLM engines: the p95 inter-token latency objective in milliseconds. The sidecars
+    recommend a maxNumSeqs for it (shown, never applied)."""
     profiles: Annotated[
         list[ProfileRef], Field(max_length=32, json_schema_extra={"x-kubernetes-list-type": "set"})
     ] = []
     """Profiles the objective applies to; empty means all."""
     autotune: bool = False
-    """Replace the profile's queue delay with the sidecar's recommendation for this objective."""
+    """Replace the profile's queue delay with the sidecar's recommendation for p95LatencyMs,
+    which it requires. An LLM engine's maxNumSeqs and maxNumBatchedTokens are never tuned."""
     min_queue_delay_microseconds: QueueDelay = 0
     """Lowest queue delay autotune may set."""
     max_queue_delay_microseconds: QueueDelay = 100_000
@@ -530,6 +539,21 @@ class Slo(Model):
     latency summaries, which describe about the last minute."""
 
     cross_field_rules = (
+        validations.CrossFieldRule(
+            cel="has(self.p95LatencyMs) || has(self.ttftP95Ms) || has(self.itlP95Ms)",
+            message="slo needs at least one objective: p95LatencyMs, ttftP95Ms or itlP95Ms",
+            field_path=".p95LatencyMs",
+            holds=lambda slo: any(
+                objective is not None
+                for objective in (slo.p95_latency_ms, slo.ttft_p95_ms, slo.itl_p95_ms)
+            ),
+        ),
+        validations.CrossFieldRule(
+            cel="!self.autotune || has(self.p95LatencyMs)",
+            message="autotune tunes the queue delay for p95LatencyMs, which is not set",
+            field_path=".autotune",
+            holds=lambda slo: not slo.autotune or slo.p95_latency_ms is not None,
+        ),
         validations.CrossFieldRule(
             cel="self.minQueueDelayMicroseconds <= self.maxQueueDelayMicroseconds",
             message="minQueueDelayMicroseconds must be at most maxQueueDelayMicroseconds",
@@ -589,7 +613,7 @@ class BatchPolicySpec(Model):
     load: Load | None = None
     """Load-based rules."""
     slo: Slo | None = None
-    """Latency objective and queue-delay autotuning."""
+    """Latency objectives, and queue-delay autotuning."""
     min_dwell_seconds: Annotated[int, Field(ge=0, le=86_400)] = 300
     """Least time to stay in a profile before switching again (an override switches at once)."""
     override: Override | None = None

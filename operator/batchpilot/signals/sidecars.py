@@ -7,7 +7,10 @@ aggregates Triton's own pages (`aggregating.signals_from_rates`), and so are the
 figures a sidecar reports under `llm` (TTFT, inter-token latency, tokens, waiting sequences).
 Only measured latency quantiles count (a sidecar's estimates are shown on its /status, not fed
 to load rules). The recommended queue delay is the smallest over the governed models and
-servers: the one delay a policy applies must meet the objective on every one of them.
+servers: the one delay a policy applies must meet the objective on every one of them. For LLM
+engines the same holds of the recommended maxNumSeqs (the smallest) and maxNumBatchedTokens (the
+largest: each server's is the least that prefills in time there); those are shown, never
+applied.
 
 A sidecar that does not answer, answers nonsense, or has stale data is named in the reading's
 problems and contributes nothing, never zeros. The operator reads sidecars the same way.
@@ -33,10 +36,14 @@ def objective_query(slo: specs.Slo | None) -> dict[str, str]:
     """The /status query that asks a sidecar for recommendations under this objective."""
     if slo is None:
         return {}
+    # The delay bounds mean nothing to a sidecar without the objective they serve.
+    queue = slo.p95_latency_ms is not None
     return reports.ObjectiveQuery(
         slo_p95_ms=slo.p95_latency_ms,
-        min_delay_us=slo.min_queue_delay_microseconds,
-        max_delay_us=slo.max_queue_delay_microseconds,
+        min_delay_us=slo.min_queue_delay_microseconds if queue else None,
+        max_delay_us=slo.max_queue_delay_microseconds if queue else None,
+        ttft_p95_ms=slo.ttft_p95_ms,
+        itl_p95_ms=slo.itl_p95_ms,
     ).to_query()
 
 
@@ -71,6 +78,8 @@ class SidecarSource:
         engines: list[Mapping[str, reports.LlmReport]] = []
         gpu_utilization: list[float] = []
         delays: list[int] = []
+        llm_seqs: list[int] = []
+        llm_tokens: list[int] = []
         problems = list(self._known_problems)
         for url, status in zip(self._urls, found, strict=True):
             if isinstance(status, BaseException):
@@ -85,15 +94,23 @@ class SidecarSource:
             engines.append(status.llm_reports())
             gpu_utilization.extend(status.gpu_utilization())
             delays.extend(status.recommended_delays(self._models))
+            seqs, tokens = status.recommended_llm_limits(self._models)
+            llm_seqs.extend(seqs)
+            llm_tokens.extend(tokens)
         signals = aggregating.signals_from_rates(
             per_server.values(),
             models=self._models,
             gpu_utilization=gpu_utilization,
             engines=engines,
         )
-        if delays:
-            metrics = {**signals.metrics, decisions.RECOMMENDED_QUEUE_DELAY: float(min(delays))}
-            signals = decisions.Signals(metrics=metrics)
+        recommended = {
+            decisions.RECOMMENDED_QUEUE_DELAY: min(delays, default=None),
+            decisions.RECOMMENDED_MAX_NUM_SEQS: min(llm_seqs, default=None),
+            decisions.RECOMMENDED_MAX_NUM_BATCHED_TOKENS: max(llm_tokens, default=None),
+        }
+        given = {name: float(value) for name, value in recommended.items() if value is not None}
+        if given:
+            signals = decisions.Signals(metrics={**signals.metrics, **given})
         return sources.Reading(signals=signals, per_server=per_server, problems=tuple(problems))
 
     async def close(self) -> None:

@@ -1,0 +1,78 @@
+"""How long one step of an LLM engine takes against how many sequences it runs: fitting
+`t_step(b) = t0 + c * b**alpha` from the engine's own metrics.
+
+An engine that batches continuously (vLLM) runs every sequence it holds in each step and gives
+each one token, so the time between two tokens of a sequence is one step, and the step's batch is
+the number of running sequences. Neither is reported per step: the engine exports the
+inter-token latency as a histogram and the running sequences as a gauge. So each collection
+interval gives one sample: the mean inter-token latency over the interval (the increase of the
+histogram's sum over the increase of its count) against the mean of the two `running` readings
+that bound it, rounded to a whole number of sequences. The samples of the fit window are fitted
+by the classic step-time fit (`steptimes.fit`: per running count a weighted median, then a robust
+power-law fit), each weighted by the tokens behind it.
+
+What a sample's step is: the mean gap between tokens at that load, steps that also carried prompt
+chunks (chunked prefill) included, so the curve describes the engine under the mix of prompts
+and decodes it served, not a pure decode step. The average of two gauge readings is only the
+mean running count when the count changes slowly against the interval; samples of intervals
+where it swung are noisy, and the robust fit discounts those that disagree with the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from batchpilot_sidecar import steptimes
+from batchpilot_triton import engine_metrics
+
+MIN_RUNNING_COUNTS = steptimes.MIN_BATCH_SIZES
+"""Distinct running-sequence counts a fit needs; alpha trades off against t0 and c as with
+batch sizes."""
+MIN_SPAN = steptimes.MIN_SPAN
+MIN_TOKENS = 16
+"""Inter-token gaps measured at one running count before it counts as seen."""
+NAMED = "running-sequence counts"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sample:
+    """One collection interval of an LLM engine."""
+
+    running: float
+    """Mean running sequences over the interval."""
+    tokens: int
+    """Inter-token gaps the engine measured in the interval."""
+    mean_ms: float
+    """Their mean: the mean step time at that load."""
+
+    def as_observation(self) -> steptimes.Observation:
+        # A token was produced, so at least one sequence ran however low the two readings were.
+        return steptimes.Observation(
+            batch_size=max(1, round(self.running)), executions=self.tokens, mean_ms=self.mean_ms
+        )
+
+
+def sample(
+    inter_token: engine_metrics.Histogram, *, running_before: float, running_after: float
+) -> Sample | None:
+    """The interval's sample; None when the engine measured no inter-token gap in it."""
+    tokens = round(inter_token.count)
+    if tokens <= 0 or inter_token.total < 0:
+        return None
+    return Sample(
+        running=(running_before + running_after) / 2,
+        tokens=tokens,
+        mean_ms=1000.0 * inter_token.total / inter_token.count,
+    )
+
+
+def fit(samples: Iterable[Sample]) -> steptimes.Fit | steptimes.NotEnoughData:
+    """The step time against the running sequences, or what is missing."""
+    return steptimes.fit(
+        (s.as_observation() for s in samples),
+        min_batch_sizes=MIN_RUNNING_COUNTS,
+        min_span=MIN_SPAN,
+        min_executions=MIN_TOKENS,
+        named=NAMED,
+    )

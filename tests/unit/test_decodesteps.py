@@ -1,0 +1,88 @@
+"""The LLM step-time fit: an engine's inter-token latency against its running sequences, per
+collection interval, fitted by the classic step-time fit; gaps named instead of guessed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from batchpilot_sidecar import decodesteps, steptimes
+from batchpilot_triton.engine_metrics import Histogram
+
+TRUTH = steptimes.StepTimeModel(t0_ms=3.0, c_ms=0.4, alpha=0.8)
+COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+def samples(
+    running_counts: tuple[int, ...] = COUNTS,
+    *,
+    noise: float = 0.01,
+    intervals: int = 6,
+    seed: int = 0,
+) -> list[decodesteps.Sample]:
+    """Intervals at each running count, the mean gauge reading a little off the whole count
+    and the mean gap noisy."""
+    generator = np.random.default_rng(seed)
+    found = []
+    for running in running_counts:
+        for _ in range(intervals):
+            tokens = int(generator.integers(20, 400))
+            mean = TRUTH.ms(running) * (1.0 + generator.normal(0.0, noise))
+            wobble = float(generator.uniform(-0.3, 0.3))
+            found.append(decodesteps.Sample(running=running + wobble, tokens=tokens, mean_ms=mean))
+    return found
+
+
+def test_an_interval_pairs_the_mean_gap_with_the_mean_of_its_running_readings() -> None:
+    histogram = Histogram({float("inf"): 200.0}, 200.0, 1.2)
+    found = decodesteps.sample(histogram, running_before=6, running_after=10)
+    assert found == decodesteps.Sample(running=8.0, tokens=200, mean_ms=pytest.approx(6.0))
+
+
+def test_an_interval_without_gaps_is_no_sample() -> None:
+    assert decodesteps.sample(Histogram(), running_before=3, running_after=3) is None
+
+
+def test_a_token_means_a_running_sequence_however_low_the_readings() -> None:
+    observation = decodesteps.Sample(running=0.2, tokens=30, mean_ms=3.0).as_observation()
+    assert observation.batch_size == 1
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_fit_recovers_t0_c_and_alpha_from_noisy_intervals(seed: int) -> None:
+    result = decodesteps.fit(samples(seed=seed))
+    assert isinstance(result, steptimes.Fit)
+    assert result.model.t0_ms == pytest.approx(TRUTH.t0_ms, rel=0.15)
+    assert result.model.c_ms == pytest.approx(TRUTH.c_ms, rel=0.15)
+    assert result.model.alpha == pytest.approx(TRUTH.alpha, rel=0.1)
+    assert result.batch_sizes == COUNTS
+    for running in (1, 8, 64):
+        assert result.model.ms(running) == pytest.approx(TRUTH.ms(running), rel=0.03)
+
+
+def test_no_samples_say_nothing_was_seen() -> None:
+    result = decodesteps.fit(())
+    assert isinstance(result, steptimes.NotEnoughData)
+    assert result.reason.startswith("0 distinct running-sequence counts")
+
+
+def test_too_few_running_counts_are_named_instead_of_fitted() -> None:
+    result = decodesteps.fit(samples((2, 4, 8)))
+    assert isinstance(result, steptimes.NotEnoughData)
+    assert result.reason == (
+        "3 distinct running-sequence counts seen at least 16 times (2, 4, 8); "
+        "a fit needs 4 spanning at least 4x"
+    )
+
+
+def test_running_counts_too_close_together_are_named_instead_of_fitted() -> None:
+    result = decodesteps.fit(samples((4, 5, 6, 7)))
+    assert isinstance(result, steptimes.NotEnoughData)
+    assert "running-sequence counts seen span 1.8x (4, 5, 6, 7)" in result.reason
+
+
+def test_a_count_with_few_tokens_behind_it_does_not_count_as_seen() -> None:
+    sparse = [decodesteps.Sample(running=32, tokens=5, mean_ms=TRUTH.ms(32))]
+    result = decodesteps.fit(samples((1, 2, 4)) + sparse)
+    assert isinstance(result, steptimes.NotEnoughData)
+    assert result.batch_sizes == (1, 2, 4)
