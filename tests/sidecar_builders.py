@@ -90,10 +90,11 @@ async def decoded(
     assert engine is not None, "the model needs a FakeEngine"
     await collector.collect()
     for running in running_counts:
-        engine.running = running  # an interval to settle: the samples see one count each
-        await tick(collector, clock)
+        step_ms = DECODE_TRUTH.ms(running)
         for _ in range(2):
-            engine.decode(running=running, tokens=50 * running, step_ms=DECODE_TRUTH.ms(running))
+            # A 1-s interval: each sequence gets a token every step.
+            tokens = round(running * 1000 / step_ms)
+            engine.decode(running=running, tokens=tokens, step_ms=step_ms)
             await tick(collector, clock)
     engine.prompts(count=10, tokens_each=prompt_tokens, ttft_ms=40.0)
     await tick(collector, clock, 5.0)

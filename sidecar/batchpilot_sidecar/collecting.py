@@ -172,17 +172,12 @@ class ModelState:
         self.last_seen = now
         self.last_active: float | None = None
 
-    def add_interval(
-        self, now: float, rates: scraping.ModelRates, *, running_before: float | None = None
-    ) -> None:
-        """One interval's rates; `running_before` is the engine's running sequences when it
-        began (None for a model without an engine)."""
+    def add_interval(self, now: float, rates: scraping.ModelRates) -> None:
+        """One interval's rates."""
         self.intervals.append((now, rates))
         engine = rates.engine
-        if engine is not None and running_before is not None:
-            found = decodesteps.sample(
-                engine.inter_token, running_before=running_before, running_after=engine.running
-            )
+        if engine is not None:
+            found = decodesteps.sample(engine.inter_token, seconds=rates.seconds)
             if found is not None:
                 self.decode_samples.append((now, found))
                 self.fit_due = True
@@ -345,8 +340,6 @@ class Collector:
         previous, self._previous = self._previous, snapshot
         present = {name for name in snapshot.models() if not self.wanted or name in self.wanted}
         per_model = scraping.rates(previous, snapshot) if previous is not None else {}
-        # The engines' gauges as the intervals began: half of each interval's running count.
-        began = engine_metrics.engine_counts({}, previous.gauges) if previous is not None else {}
         busy = {name for name, rates in per_model.items() if rates.counted.requests > 0}
         for name in present & self.models.keys():
             state = self.models[name]
@@ -358,10 +351,7 @@ class Collector:
         self.untracked = sum(not self._admit(name, now, busy=name in busy) for name in newcomers)
         for name, rates in per_model.items():
             if name in self.models:
-                engine = began.get(name)
-                self.models[name].add_interval(
-                    now, rates, running_before=engine.running if engine is not None else None
-                )
+                self.models[name].add_interval(now, rates)
         forgotten = [
             name
             for name, state in self.models.items()

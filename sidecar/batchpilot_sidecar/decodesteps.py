@@ -4,18 +4,26 @@
 An engine that batches continuously (vLLM) runs every sequence it holds in each step and gives
 each one token, so the time between two tokens of a sequence is one step, and the step's batch is
 the number of running sequences. Neither is reported per step: the engine exports the
-inter-token latency as a histogram and the running sequences as a gauge. So each collection
-interval gives one sample: the mean inter-token latency over the interval (the increase of the
-histogram's sum over the increase of its count) against the mean of the two `running` readings
-that bound it, rounded to a whole number of sequences. The samples of the fit window are fitted
-by the classic step-time fit (`steptimes.fit`: per running count a weighted median, then a robust
-power-law fit), each weighted by the tokens behind it.
+inter-token latency as a histogram, and its `running` gauge is set per step and read at any
+instant (here it read 0 on busy seconds, and readings a step apart differ by whole requests). So
+each collection interval gives one sample from the histogram alone:
+
+- the mean step is the mean gap between tokens: the increase of the histogram's sum over the
+  increase of its count;
+- the mean number of sequences running is the increase of the sum over the interval's length
+  (Little's law: each running sequence spends all of its time in some gap between two of its
+  tokens, so the gaps' total time over the interval is the time-averaged number of sequences
+  running in it).
+
+The samples of the fit window are fitted by the classic step-time fit (`steptimes.fit`: per
+running count, rounded, a weighted median, then a robust power-law fit), each weighted by the
+tokens behind it.
 
 What a sample's step is: the mean gap between tokens at that load, steps that also carried prompt
 chunks (chunked prefill) included, so the curve describes the engine under the mix of prompts
-and decodes it served, not a pure decode step. The average of two gauge readings is only the
-mean running count when the count changes slowly against the interval; samples of intervals
-where it swung are noisy, and the robust fit discounts those that disagree with the rest.
+and decodes it served, not a pure decode step. An interval in which the engine sat idle part of
+the time gives the average over the whole interval, so a light, bursty load reads as fewer
+sequences than ran together; the robust fit discounts samples that disagree with the rest.
 """
 
 from __future__ import annotations
@@ -47,21 +55,20 @@ class Sample:
     """Their mean: the mean step time at that load."""
 
     def as_observation(self) -> steptimes.Observation:
-        # A token was produced, so at least one sequence ran however low the two readings were.
+        # A token was produced, so at least one sequence ran, however short the busy part was.
         return steptimes.Observation(
             batch_size=max(1, round(self.running)), executions=self.tokens, mean_ms=self.mean_ms
         )
 
 
-def sample(
-    inter_token: engine_metrics.Histogram, *, running_before: float, running_after: float
-) -> Sample | None:
-    """The interval's sample; None when the engine measured no inter-token gap in it."""
+def sample(inter_token: engine_metrics.Histogram, *, seconds: float) -> Sample | None:
+    """The sample of an interval of `seconds`; None when the engine measured no inter-token gap
+    in it."""
     tokens = round(inter_token.count)
-    if tokens <= 0 or inter_token.total < 0:
+    if tokens <= 0 or inter_token.total < 0 or seconds <= 0:
         return None
     return Sample(
-        running=(running_before + running_after) / 2,
+        running=inter_token.total / seconds,
         tokens=tokens,
         mean_ms=1000.0 * inter_token.total / inter_token.count,
     )

@@ -61,6 +61,11 @@ def sidecar_report(
         time.sleep(0.25)
 
 
+def metrics_snapshot(server: local_triton.LocalTriton) -> scraping.Snapshot:
+    with urllib.request.urlopen(server.metrics_url, timeout=5) as response:
+        return scraping.parse(response.read().decode(), taken_at=time.monotonic())
+
+
 def engine_gauges(server: local_triton.LocalTriton) -> tuple[float, float]:
     """The engine's running and waiting requests, from Triton's metrics endpoint."""
     with urllib.request.urlopen(server.metrics_url, timeout=5) as response:
@@ -85,103 +90,29 @@ async def most_running_in_a_burst(server: local_triton.LocalTriton, size: int = 
     return most
 
 
+async def room_for(server: local_triton.LocalTriton, *, sequences: int) -> None:
+    """Make the engine run up to `sequences` at once, reloading only if a profile left it fewer
+    (the repository's arguments allow 16)."""
+    async with servers.TritonServer(server.http_url, load_timeout=300) as triton:
+        applied = engines.applied_arguments(await triton.model_config(MODEL))
+        if applied is None or applied.get("max_num_seqs", 0) >= sequences:
+            return
+        roomy = specs.Profile.model_validate(
+            {"llm": {"maxNumSeqs": sequences, "maxNumBatchedTokens": 2048}}
+        )
+        await actuators.apply_profile(
+            triton,
+            MODEL,
+            rendering.render(roomy),
+            profile="roomy",
+            engine_arguments=repository_of(server),
+            verify_timeout=300,
+        )
+
+
 def stubs(server: local_triton.LocalTriton) -> set[int]:
     """The Python stubs and engine processes of the server: a reload replaces them."""
     return set(processes.group_members(server.pid)) - {server.pid}
-
-
-async def test_a_switch_under_streaming_load_fails_no_request_and_the_engine_runs_it(
-    llm_server: local_triton.LocalTriton,
-) -> None:
-    before = await most_running_in_a_burst(llm_server)
-    async with servers.TritonServer(
-        llm_server.http_url, metrics_url=llm_server.metrics_url
-    ) as server:
-        stop = asyncio.Event()
-        load = asyncio.create_task(
-            llm_load.open_loop(
-                llm_server.grpc_address,
-                rate=4,
-                seconds=150,
-                prompt_tokens=64,
-                output_tokens=24,
-                stop=stop,
-            )
-        )
-        await asyncio.sleep(3)
-        applied = await actuators.apply_profile(
-            server,
-            MODEL,
-            rendering.render(INTERACTIVE),
-            profile="interactive",
-            engine_arguments=repository_of(llm_server),
-            verify_timeout=180,
-        )
-        await asyncio.sleep(3)
-        stop.set()
-        completions = await load
-        served = await server.model_config(MODEL)
-        again = await actuators.apply_profile(
-            server,
-            MODEL,
-            rendering.render(INTERACTIVE),
-            profile="interactive",
-            engine_arguments=repository_of(llm_server),
-        )
-
-    assert applied.reloaded
-    failures = [completion.error for completion in completions if not completion.ok]
-    assert not failures, f"{len(failures)} of {len(completions)} streams failed: {failures[:3]}"
-    assert len(completions) >= 20
-    assert modelconfigs.applied_profile(served) == "interactive"
-    assert engines.applied_arguments(served) == {
-        "max_num_seqs": 2,
-        "max_num_batched_tokens": 256,
-        "enable_chunked_prefill": True,
-    }
-    assert not again.reloaded
-    # The engine runs the new arguments: at most 2 sequences at once, where it ran more before.
-    after = await most_running_in_a_burst(llm_server)
-    print(
-        f"\nswitch under streaming load: applied in {applied.seconds:.1f}s, "
-        f"{len(completions)} streams, {len(failures)} failed; most sequences running in a "
-        f"burst of 8: {before:.0f} before, {after:.0f} after"
-    )
-    assert before > 2
-    assert after <= 2
-
-
-async def test_engine_settings_the_model_cannot_take_are_refused_before_any_reload(
-    llm_server: local_triton.LocalTriton,
-) -> None:
-    unchunked = specs.Profile.model_validate(
-        {"llm": {"chunkedPrefill": False, "maxNumBatchedTokens": 256}}
-    )
-    batching_only = specs.Profile.model_validate({"maxQueueDelayMicroseconds": 5000})
-    running = stubs(llm_server)
-    async with servers.TritonServer(llm_server.http_url) as server:
-        served = await server.model_config(MODEL)
-        with pytest.raises(
-            overrides.ProfileRefused,
-            match=r"256 is below model 'tiny_llm'.s max_model_len 512",
-        ):
-            await actuators.apply_profile(
-                server,
-                MODEL,
-                rendering.render(unchunked),
-                profile="unchunked",
-                engine_arguments=repository_of(llm_server),
-            )
-        with pytest.raises(overrides.ProfileRefused, match="needs an llm section"):
-            await actuators.apply_profile(
-                server,
-                MODEL,
-                rendering.render(batching_only),
-                profile="batching-only",
-                engine_arguments=repository_of(llm_server),
-            )
-        assert await server.model_config(MODEL) == served
-    assert stubs(llm_server) == running
 
 
 def test_the_repository_model_json_is_what_the_engine_was_started_with(
@@ -281,6 +212,7 @@ async def test_the_sidecar_fits_the_engine_s_step_time_and_recommends_its_limits
     llm_server: local_triton.LocalTriton, tmp_path: Path
 ) -> None:
     objectives = "ttftP95Ms=500&itlP95Ms=20"
+    await room_for(llm_server, sequences=16)
     with local_sidecar.running(
         llm_server,
         *("--interval", "0.5", "--rate-window", "3"),
@@ -295,26 +227,128 @@ async def test_the_sidecar_fits_the_engine_s_step_time_and_recommends_its_limits
             assert all(completion.ok for completion in completions)
         # A steady load of 8 sequences, read while it lasts: the rate window holds only it.
         steady = asyncio.create_task(closed_loop(llm_server, streams=8, seconds=9))
-        await asyncio.sleep(6)
+        await asyncio.sleep(2)
+        before = await asyncio.to_thread(metrics_snapshot, llm_server)
+        await asyncio.sleep(4)
+        after = await asyncio.to_thread(metrics_snapshot, llm_server)
         llm = await asyncio.to_thread(llm_status, sidecar.url, objectives)
         assert all(completion.ok for completion in await steady)
+    # What the fit models: the mean gap between tokens (the engine's step) over the steady load.
+    steady_engine = scraping.rates(before, after)[MODEL].engine
+    assert steady_engine is not None
+    steady_step_ms = 1000 * steady_engine.inter_token.total / steady_engine.inter_token.count
     fit, recommendation = llm["stepTime"], llm["recommendation"]
     print(f"\nLLM step-time fit: {json.dumps(fit)}\nrecommendation: {json.dumps(recommendation)}")
     assert fit["status"] == "fitted", fit["reason"]
-    running = llm["runningSequences"]
+    # As the fit counts them: the gaps' total time over the window's length (Little's law).
+    running = steady_engine.inter_token.total / (after.taken_at - before.taken_at)
     fitted_ms = fit["t0Ms"] + fit["cMs"] * running ** fit["alpha"]
     print(
-        f"at {running:g} running: fitted step {fitted_ms:.2f} ms, "
-        f"engine inter-token p50 {llm['interTokenP50Ms']} ms"
+        f"at {running:g} running: fitted step {fitted_ms:.2f} ms, measured mean step "
+        f"{steady_step_ms:.2f} ms (inter-token p50 {llm['interTokenP50Ms']} ms)"
     )
     assert running >= 4
-    assert fitted_ms == pytest.approx(llm["interTokenP50Ms"], rel=0.3)
+    assert fitted_ms == pytest.approx(steady_step_ms, rel=0.3)
     assert recommendation["status"] == "ok"
     seqs = recommendation["maxNumSeqs"]["value"]
     tokens = recommendation["maxNumBatchedTokens"]["value"]
     assert 1 <= seqs <= 2 * max(fit["batchSizes"])
     assert tokens >= seqs
     assert recommendation["maxNumSeqs"]["meetsObjective"]
+
+
+async def test_a_switch_under_streaming_load_fails_no_request_and_the_engine_runs_it(
+    llm_server: local_triton.LocalTriton,
+) -> None:
+    before = await most_running_in_a_burst(llm_server)
+    async with servers.TritonServer(
+        llm_server.http_url, metrics_url=llm_server.metrics_url
+    ) as server:
+        stop = asyncio.Event()
+        load = asyncio.create_task(
+            llm_load.open_loop(
+                llm_server.grpc_address,
+                rate=4,
+                seconds=150,
+                prompt_tokens=64,
+                output_tokens=24,
+                stop=stop,
+            )
+        )
+        await asyncio.sleep(3)
+        applied = await actuators.apply_profile(
+            server,
+            MODEL,
+            rendering.render(INTERACTIVE),
+            profile="interactive",
+            engine_arguments=repository_of(llm_server),
+            verify_timeout=180,
+        )
+        await asyncio.sleep(3)
+        stop.set()
+        completions = await load
+        served = await server.model_config(MODEL)
+        again = await actuators.apply_profile(
+            server,
+            MODEL,
+            rendering.render(INTERACTIVE),
+            profile="interactive",
+            engine_arguments=repository_of(llm_server),
+        )
+
+    assert applied.reloaded
+    failures = [completion.error for completion in completions if not completion.ok]
+    assert not failures, f"{len(failures)} of {len(completions)} streams failed: {failures[:3]}"
+    assert len(completions) >= 20
+    assert modelconfigs.applied_profile(served) == "interactive"
+    assert engines.applied_arguments(served) == {
+        "max_num_seqs": 2,
+        "max_num_batched_tokens": 256,
+        "enable_chunked_prefill": True,
+    }
+    assert not again.reloaded
+    # The engine runs the new arguments: at most 2 sequences at once, where it ran more before.
+    after = await most_running_in_a_burst(llm_server)
+    print(
+        f"\nswitch under streaming load: applied in {applied.seconds:.1f}s, "
+        f"{len(completions)} streams, {len(failures)} failed; most sequences running in a "
+        f"burst of 8: {before:.0f} before, {after:.0f} after"
+    )
+    assert before > 2
+    assert after <= 2
+
+
+async def test_engine_settings_the_model_cannot_take_are_refused_before_any_reload(
+    llm_server: local_triton.LocalTriton,
+) -> None:
+    unchunked = specs.Profile.model_validate(
+        {"llm": {"chunkedPrefill": False, "maxNumBatchedTokens": 256}}
+    )
+    batching_only = specs.Profile.model_validate({"maxQueueDelayMicroseconds": 5000})
+    running = stubs(llm_server)
+    async with servers.TritonServer(llm_server.http_url) as server:
+        served = await server.model_config(MODEL)
+        with pytest.raises(
+            overrides.ProfileRefused,
+            match=r"256 is below model 'tiny_llm'.s max_model_len 512",
+        ):
+            await actuators.apply_profile(
+                server,
+                MODEL,
+                rendering.render(unchunked),
+                profile="unchunked",
+                engine_arguments=repository_of(llm_server),
+            )
+        with pytest.raises(overrides.ProfileRefused, match="needs an llm section"):
+            await actuators.apply_profile(
+                server,
+                MODEL,
+                rendering.render(batching_only),
+                profile="batching-only",
+                engine_arguments=repository_of(llm_server),
+            )
+        assert await server.model_config(MODEL) == served
+    assert stubs(llm_server) == running
 
 
 async def test_the_runner_applies_a_policy_s_llm_profile_with_the_repository_it_reads(

@@ -33,14 +33,18 @@ def samples(
     return found
 
 
-def test_an_interval_pairs_the_mean_gap_with_the_mean_of_its_running_readings() -> None:
+def test_an_interval_pairs_the_mean_gap_with_the_sequences_its_gaps_add_up_to() -> None:
+    # 200 gaps of 6 ms in 0.15 s: 1.2 s of gaps, so 8 sequences ran on average (Little's law).
     histogram = Histogram({float("inf"): 200.0}, 200.0, 1.2)
-    found = decodesteps.sample(histogram, running_before=6, running_after=10)
-    assert found == decodesteps.Sample(running=8.0, tokens=200, mean_ms=pytest.approx(6.0))
+    found = decodesteps.sample(histogram, seconds=0.15)
+    assert found == decodesteps.Sample(
+        running=pytest.approx(8.0), tokens=200, mean_ms=pytest.approx(6.0)
+    )
 
 
 def test_an_interval_without_gaps_is_no_sample() -> None:
-    assert decodesteps.sample(Histogram(), running_before=3, running_after=3) is None
+    assert decodesteps.sample(Histogram(), seconds=1.0) is None
+    assert decodesteps.sample(Histogram({float("inf"): 2.0}, 2.0, 0.01), seconds=0.0) is None
 
 
 def test_a_token_means_a_running_sequence_however_low_the_readings() -> None:
