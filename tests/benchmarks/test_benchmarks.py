@@ -3,7 +3,7 @@ judged (`python -m pytest tests/benchmarks -m benchmark -s`, or `make bench-shor
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import bench_boundary
 import bench_chaos
@@ -12,9 +12,25 @@ import bench_policy
 import bench_scale
 import bench_sidecar
 import bench_switch
+import benchmarking
 import pytest
 
 Main = Callable[[Sequence[str] | None], int]
+ON_A_CLUSTER: tuple[Main, ...] = (
+    bench_switch.main,
+    bench_scale.main,
+    bench_boundary.main,
+    bench_chaos.main,
+)
+"""The benchmarks that run against a local control plane; they come last, and share one."""
+
+
+@pytest.fixture(scope="module")
+def one_local_cluster() -> Iterator[None]:
+    """One local cluster for every benchmark that needs one, started at the first of them: a
+    benchmark's `local_cluster()` uses the one that is up instead of starting its own."""
+    with benchmarking.local_cluster():
+        yield
 
 
 @pytest.mark.benchmark
@@ -27,6 +43,18 @@ Main = Callable[[Sequence[str] | None], int]
             "batchpilot / best-static",
             id="policy",
             marks=pytest.mark.timeout(400),
+        ),
+        pytest.param(
+            bench_llm.main,
+            "batchpilot / best static bulk",
+            id="llm",
+            marks=pytest.mark.timeout(600),
+        ),
+        pytest.param(
+            bench_sidecar.main,
+            "10 models tracked, 10 fitted",
+            id="sidecar",
+            marks=pytest.mark.timeout(180),
         ),
         pytest.param(
             bench_switch.main,
@@ -52,25 +80,15 @@ Main = Callable[[Sequence[str] | None], int]
             id="chaos",
             marks=pytest.mark.timeout(500),
         ),
-        pytest.param(
-            bench_llm.main,
-            "batchpilot / best static bulk",
-            id="llm",
-            marks=pytest.mark.timeout(600),
-        ),
-        pytest.param(
-            bench_sidecar.main,
-            "10 models tracked, 10 fitted",
-            id="sidecar",
-            marks=pytest.mark.timeout(180),
-        ),
     ],
 )
 def test_short_mode_exits_zero_and_prints_its_whole_report(
-    main: Main, expected: str, capsys: pytest.CaptureFixture[str]
+    main: Main, expected: str, capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest
 ) -> None:
     """Run a benchmark's command with --short and show what it printed; its report must be
     there in full (the last table's line), whatever its figures."""
+    if main in ON_A_CLUSTER:
+        request.getfixturevalue("one_local_cluster")
     assert main(["--short"]) == 0
     report = capsys.readouterr().out
     with capsys.disabled():

@@ -8,6 +8,7 @@ environment of `batchpilot_harness.llm_env` (built on first use, about 3 minutes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import urllib.request
@@ -44,6 +45,24 @@ def llm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_trito
 
 def repository_of(server: local_triton.LocalTriton) -> engines.ModelRepository:
     return engines.ModelRepository(server.model_repository)
+
+
+@contextlib.contextmanager
+def llm_sidecar(
+    server: local_triton.LocalTriton, tmp_path: Path, *, rate_window: float
+) -> Iterator[local_sidecar.LocalSidecar]:
+    """The sidecar, reading every 0.5 s, once it has a first reading (on a busy machine it
+    answers before it has read Triton twice, and a load started then is partly left out)."""
+    with local_sidecar.running(
+        server,
+        *("--interval", "0.5", "--rate-window", f"{rate_window:g}"),
+        command=("-m", "batchpilot", "sidecar"),
+        log=tmp_path / "sidecar.log",
+    ) as sidecar:
+        sidecar_report(
+            sidecar.url, until=lambda report: (report.get("window") or {}).get("seconds", 0) > 0
+        )
+        yield sidecar
 
 
 def sidecar_report(
@@ -129,17 +148,7 @@ def test_the_repository_model_json_is_what_the_engine_was_started_with(
 def test_the_sidecar_s_ttft_inter_token_latency_and_tokens_agree_with_the_client_s(
     llm_server: local_triton.LocalTriton, tmp_path: Path
 ) -> None:
-    with local_sidecar.running(
-        llm_server,
-        *("--interval", "0.5", "--rate-window", "60"),
-        command=("-m", "batchpilot", "sidecar"),
-        log=tmp_path / "sidecar.log",
-    ) as sidecar:
-        # A first reading before the load, so the window holds all of it: on a busy machine
-        # the sidecar answers before it has read Triton twice.
-        sidecar_report(
-            sidecar.url, until=lambda report: (report.get("window") or {}).get("seconds", 0) > 0
-        )
+    with llm_sidecar(llm_server, tmp_path, rate_window=60) as sidecar:
         completions = asyncio.run(
             llm_load.open_loop(
                 llm_server.grpc_address, rate=6, seconds=15, prompt_tokens=64, output_tokens=32
@@ -213,15 +222,7 @@ async def test_the_sidecar_fits_the_engine_s_step_time_and_recommends_its_limits
 ) -> None:
     objectives = "ttftP95Ms=500&itlP95Ms=20"
     await room_for(llm_server, sequences=16)
-    with local_sidecar.running(
-        llm_server,
-        *("--interval", "0.5", "--rate-window", "3"),
-        command=("-m", "batchpilot", "sidecar"),
-        log=tmp_path / "sidecar.log",
-    ) as sidecar:
-        sidecar_report(
-            sidecar.url, until=lambda report: (report.get("window") or {}).get("seconds", 0) > 0
-        )
+    with llm_sidecar(llm_server, tmp_path, rate_window=3) as sidecar:
         for streams in (1, 2, 4, 8, 16):
             completions = await closed_loop(llm_server, streams=streams, seconds=3)
             assert all(completion.ok for completion in completions)

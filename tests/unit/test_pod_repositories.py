@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from batchpilot.policy import rendering, specs
 from batchpilot_sidecar import serving
 from fake_triton import FakeTriton
 from sidecar_builders import Clock, make_collector
+from web_apps import ServeApp
 
 MODEL = "tiny_llm"
 REPOSITORY_ARGUMENTS = {"model": "/models/tiny-llama", "max_model_len": 512, "max_num_seqs": 16}
@@ -30,24 +30,6 @@ SERVED: dict[str, Any] = {
     "max_batch_size": 0,
     "parameters": {"REPORT_CUSTOM_METRICS": {"string_value": "true"}},
 }
-
-Serve = Callable[[web.Application], Awaitable[str]]
-
-
-@pytest.fixture
-async def serve() -> AsyncIterator[Serve]:
-    runners: list[web.AppRunner] = []
-
-    async def start(app: web.Application) -> str:
-        runner = web.AppRunner(app, shutdown_timeout=0.1, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        runners.append(runner)
-        return f"http://127.0.0.1:{runner.addresses[0][1]}"
-
-    yield start
-    for runner in runners:
-        await runner.cleanup()
 
 
 def sidecar_app(tmp_path: Path, *, with_repository: bool = True) -> web.Application:
@@ -67,9 +49,9 @@ def pod(sidecar_url: str | None, http_url: str = "http://127.0.0.1:9") -> Replic
 
 
 async def test_the_pods_sidecar_gives_the_model_json_of_the_newest_version(
-    tmp_path: Path, serve: Serve
+    tmp_path: Path, serve_app: ServeApp
 ) -> None:
-    sidecar = await serve(sidecar_app(tmp_path))
+    sidecar = await serve_app(sidecar_app(tmp_path))
     found = await pod_repositories.SidecarEngineArguments().repository_arguments(
         pod(sidecar), MODEL
     )
@@ -85,20 +67,22 @@ async def test_the_pods_sidecar_gives_the_model_json_of_the_newest_version(
     ],
 )
 async def test_what_the_sidecar_cannot_give_refuses_the_profile_with_its_reason(
-    tmp_path: Path, serve: Serve, model: str, with_repository: bool, reason: str
+    tmp_path: Path, serve_app: ServeApp, model: str, with_repository: bool, reason: str
 ) -> None:
-    sidecar = await serve(sidecar_app(tmp_path, with_repository=with_repository))
+    sidecar = await serve_app(sidecar_app(tmp_path, with_repository=with_repository))
     with pytest.raises(engines.EngineArgumentsUnavailable, match=reason):
         await pod_repositories.SidecarEngineArguments().repository_arguments(pod(sidecar), model)
 
 
-async def test_an_answer_that_is_no_engine_arguments_refuses_the_profile(serve: Serve) -> None:
+async def test_an_answer_that_is_no_engine_arguments_refuses_the_profile(
+    serve_app: ServeApp,
+) -> None:
     async def wrong(_: web.Request) -> web.Response:
         return web.json_response({"version": "latest", "arguments": {}})
 
     app = web.Application()
     app.router.add_get("/v1/models/{model}/engine-arguments", wrong)
-    sidecar = await serve(app)
+    sidecar = await serve_app(app)
     with pytest.raises(engines.EngineArgumentsUnavailable, match="not a version directory's name"):
         await pod_repositories.SidecarEngineArguments().repository_arguments(pod(sidecar), MODEL)
 
@@ -143,10 +127,10 @@ class ScriptedLlmTriton:
 
 
 async def test_the_operators_fleet_lays_the_profile_over_the_model_json_of_the_pods_sidecar(
-    tmp_path: Path, serve: Serve
+    tmp_path: Path, serve_app: ServeApp
 ) -> None:
     triton = ScriptedLlmTriton()
-    replica = pod(await serve(sidecar_app(tmp_path)), http_url=await serve(triton.app()))
+    replica = pod(await serve_app(sidecar_app(tmp_path)), http_url=await serve_app(triton.app()))
     settings = rendering.render(specs.Profile.model_validate({"llm": {"maxNumSeqs": 4}}))
     fleet = operating.triton_fleet()
     try:

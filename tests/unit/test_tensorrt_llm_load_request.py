@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -19,6 +19,7 @@ from aiohttp import web
 from batchpilot.applying import actuators, overrides
 from batchpilot.policy import rendering, specs
 from batchpilot_triton import servers
+from web_apps import ServeApp
 
 MODEL = "tensorrt_llm"
 REPOSITORY_CONFIG: dict[str, Any] = {
@@ -74,8 +75,8 @@ Serve = Callable[[ScriptedTriton], Awaitable[str]]
 
 
 @pytest.fixture
-async def serve() -> AsyncIterator[Serve]:
-    runners: list[web.AppRunner] = []
+def serve(serve_app: ServeApp) -> Serve:
+    """Serve a scripted Triton: the endpoints the actuator calls."""
 
     async def start(triton: ScriptedTriton) -> str:
         app = web.Application()
@@ -83,15 +84,9 @@ async def serve() -> AsyncIterator[Serve]:
         app.router.add_get(f"/v2/models/{MODEL}/ready", triton.model_ready)
         app.router.add_get("/v2/health/live", triton.live)
         app.router.add_post(f"/v2/repository/models/{MODEL}/load", triton.load)
-        runner = web.AppRunner(app, shutdown_timeout=0.1)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        runners.append(runner)
-        return f"http://127.0.0.1:{runner.addresses[0][1]}"
+        return await serve_app(app)
 
-    yield start
-    for runner in runners:
-        await runner.cleanup()
+    return start
 
 
 def bulk() -> rendering.Settings:

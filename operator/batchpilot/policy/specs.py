@@ -13,7 +13,7 @@ import datetime
 import re
 import zoneinfo
 from functools import cached_property
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 import pydantic
 import pydantic_core
@@ -41,17 +41,7 @@ LoadMetric = Literal[
     "outputTokensPerSecond",
     "waitingSequences",
 ]
-LOAD_METRICS: tuple[LoadMetric, ...] = (
-    "queueDepth",
-    "requestRate",
-    "p95LatencyMs",
-    "queueTimeMs",
-    "gpuUtilization",
-    "ttftP95Ms",
-    "interTokenP95Ms",
-    "outputTokensPerSecond",
-    "waitingSequences",
-)
+LOAD_METRICS: tuple[LoadMetric, ...] = get_args(LoadMetric)
 
 BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE)]
 QueueDelay = Annotated[int, Field(ge=0, le=MAX_QUEUE_DELAY_MICROSECONDS)]
