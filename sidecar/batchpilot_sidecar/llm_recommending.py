@@ -35,6 +35,7 @@ import math
 from dataclasses import dataclass
 
 from batchpilot_sidecar import steptimes
+from batchpilot_triton import repositories
 
 MARGIN_FRACTION = 0.1
 """Each objective's margin, as a fraction of it."""
@@ -42,9 +43,8 @@ EXTRAPOLATION_LIMIT = 2.0
 """How far beyond the most running sequences measured maxNumSeqs may go."""
 PREFILL_HEADROOM = 2.0
 """How many times the arriving prompt tokens a step's prefill budget must carry."""
-MAX_NUM_SEQS = 4096
-MAX_NUM_BATCHED_TOKENS = 1_048_576
-"""The CRD's bounds (`specs.LlmEngine`)."""
+MAX_NUM_SEQS = repositories.MAX_NUM_SEQS
+MAX_NUM_BATCHED_TOKENS = repositories.MAX_NUM_BATCHED_TOKENS
 
 
 @dataclass(frozen=True, kw_only=True)

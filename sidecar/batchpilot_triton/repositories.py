@@ -21,6 +21,10 @@ from pathlib import Path
 from typing import Any
 
 ENGINE_ARGUMENTS_FILE = "model.json"
+MAX_NUM_SEQS = 4096
+MAX_NUM_BATCHED_TOKENS = 1_048_576
+"""The most `max_num_seqs` and `max_num_batched_tokens` batchpilot sets: the CRD's bounds
+(`specs.LlmEngine`) and the sidecar's recommendation's."""
 MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 """A model name as a directory of the repository: no separators, not `.` or `..`."""
 

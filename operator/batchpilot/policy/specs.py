@@ -21,7 +21,7 @@ from pydantic import AwareDatetime, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from batchpilot.policy import calendars, durations, validations
-from batchpilot_triton import endpoints
+from batchpilot_triton import endpoints, repositories
 
 MAX_QUEUE_DELAY_MICROSECONDS = 60_000_000
 MAX_BATCH_SIZE = 4096
@@ -123,11 +123,13 @@ class LlmEngine(Model):
     (enable_chunked_context, batch_scheduler_policy, max_tokens_in_paged_kv_cache). A field left
     out keeps the model's own value; a field the model's backend has no setting for is refused."""
 
-    max_num_seqs: Annotated[int, Field(ge=1, le=4096)] | None = None
+    max_num_seqs: Annotated[int, Field(ge=1, le=repositories.MAX_NUM_SEQS)] | None = None
     """How many sequences the engine runs at once (vLLM max_num_seqs; vLLM only: TensorRT-LLM
     fixes it when the engine is built). Fewer keeps inter-token latency low; more raises output
     tokens per second."""
-    max_num_batched_tokens: Annotated[int, Field(ge=1, le=1_048_576)] | None = None
+    max_num_batched_tokens: (
+        Annotated[int, Field(ge=1, le=repositories.MAX_NUM_BATCHED_TOKENS)] | None
+    ) = None
     """How many tokens one engine step may process (vLLM max_num_batched_tokens; vLLM only:
     TensorRT-LLM fixes it when the engine is built). Small values with chunked prefill keep long
     prompts from stalling the running sequences."""
