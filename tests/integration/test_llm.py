@@ -24,6 +24,7 @@ from batchpilot.applying import actuators, engines, overrides, rollouts
 from batchpilot.policy import rendering, specs
 from batchpilot.signals import sources
 from batchpilot_harness import llm_load, llm_models, local_sidecar, local_triton, processes
+from batchpilot_sidecar import decodesteps
 from batchpilot_triton import modelconfigs, repositories, scraping, servers
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -80,6 +81,16 @@ def sidecar_report(
         time.sleep(0.25)
 
 
+def engine_between(before: scraping.Snapshot, after: scraping.Snapshot) -> decodesteps.Sample:
+    """The engine's mean step and running sequences between two readings of Triton's page, as
+    the sidecar's fit takes them (`decodesteps.sample`)."""
+    rates = scraping.rates(before, after)[MODEL]
+    assert rates.engine is not None
+    found = decodesteps.sample(rates.engine.inter_token, seconds=rates.seconds)
+    assert found is not None, "the engine measured no gap between tokens"
+    return found
+
+
 def metrics_snapshot(server: local_triton.LocalTriton) -> scraping.Snapshot:
     with urllib.request.urlopen(server.metrics_url, timeout=5) as response:
         return scraping.parse(response.read().decode(), taken_at=time.monotonic())
@@ -96,9 +107,7 @@ async def running_in_a_burst(server: local_triton.LocalTriton, size: int = 8) ->
     )
     after = await asyncio.to_thread(metrics_snapshot, server)
     assert all(completion.ok for completion in burst)
-    engine = scraping.rates(before, after)[MODEL].engine
-    assert engine is not None
-    return engine.inter_token.total / (after.taken_at - before.taken_at)
+    return engine_between(before, after).running
 
 
 async def room_for(server: local_triton.LocalTriton, *, sequences: int) -> None:
@@ -230,15 +239,13 @@ async def test_the_sidecar_fits_the_engine_s_step_time_and_recommends_its_limits
         after = await asyncio.to_thread(metrics_snapshot, llm_server)
         llm = await asyncio.to_thread(llm_status, sidecar.url, objectives)
         assert all(completion.ok for completion in await steady)
-    # What the fit models: the mean gap between tokens (the engine's step) over the steady load.
-    steady_engine = scraping.rates(before, after)[MODEL].engine
-    assert steady_engine is not None
-    steady_step_ms = 1000 * steady_engine.inter_token.total / steady_engine.inter_token.count
+    # What the fit models: the mean gap between tokens (the engine's step) over the steady load,
+    # against the sequences running, counted as the fit counts them.
+    measured = engine_between(before, after)
+    steady_step_ms, running = measured.mean_ms, measured.running
     fit, recommendation = llm["stepTime"], llm["recommendation"]
     print(f"\nLLM step-time fit: {json.dumps(fit)}\nrecommendation: {json.dumps(recommendation)}")
     assert fit["status"] == "fitted", fit["reason"]
-    # As the fit counts them: the gaps' total time over the window's length (Little's law).
-    running = steady_engine.inter_token.total / (after.taken_at - before.taken_at)
     fitted_ms = fit["t0Ms"] + fit["cMs"] * running ** fit["alpha"]
     print(
         f"at {running:g} running: fitted step {fitted_ms:.2f} ms, measured mean step "
