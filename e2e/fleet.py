@@ -14,6 +14,7 @@ from typing import Any
 from kubernetes import client
 
 from batchpilot.kube import pods
+from batchpilot_harness import processes
 from batchpilot_triton import endpoints, modelconfigs
 from e2e import waiting
 from e2e.cluster import controlplane, podnetwork, podrunner
@@ -270,7 +271,12 @@ def process_in_pod(ip: str, program: str) -> int:
             return program in names
         return False
 
-    (pid,) = [pid for pid in podnetwork.pids(podnetwork.Host(ip=ip)) if runs(pid)]
+    running = {pid for pid in podnetwork.pids(podnetwork.Host(ip=ip)) if runs(pid)}
+    # Triton forks before it execs a Python stub: for that instant the child's cmdline is its
+    # parent's. The program is the process whose parent is not itself a copy.
+    (pid,) = [
+        pid for pid in running if (found := processes.stat(pid)) and found.parent not in running
+    ]
     return pid
 
 
