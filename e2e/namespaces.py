@@ -5,7 +5,8 @@ so it is handed out only after that. Deleting it is not the end on the local clu
 freed pod IP to the next pod at once, so the clean-up waits until the pod runner has stopped the
 processes of the namespace's Pods that it ran and removed their network namespaces, or the next
 user of an IP could reach a server that is still shutting down on it. Pods it never ran (no
-runtime annotation) have no network namespace to wait for.
+runtime annotation) have no network namespace to wait for. The Pods are deleted right after the
+namespace, without waiting for the namespace controller.
 """
 
 import contextlib
@@ -63,6 +64,10 @@ def created(
         }
         with contextlib.suppress(kubernetes.client.ApiException):
             kube.core.delete_namespace(name)
+        # The namespace controller gets to the Pods seconds later; deleting them now (a
+        # terminating namespace takes no new ones) saves those seconds on every test.
+        with contextlib.suppress(kubernetes.client.ApiException):
+            kube.core.delete_collection_namespaced_pod(name)
         if kube.local is not None and pod_ips:
             waiting.wait_for(
                 f"the pod runner to release {', '.join(sorted(pod_ips))} of {name}",

@@ -26,7 +26,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
@@ -296,18 +296,24 @@ class Runner:
             pod, reason="E2EStarted", message=f"{request.runtime} on {request.ip}", warning=False
         )
 
-    def stop_pod(self, uid: str) -> None:
-        running = self.running.pop(uid)
-        timeout = min(running.request.grace_seconds, STOP_TIMEOUT)
-        for item in running.processes:
-            processes.stop_group(
-                item.process.pid, state_dir=self.cluster.state_dir, timeout=timeout
-            )
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                item.process.wait(timeout=1)
-        if not any(r.request.ip == running.request.ip for r in self.running.values()):
-            podnetwork.remove_host(running.request.ip)
-        self.log(f"stopped {running.request.key}; released {running.request.ip}")
+    def stop_pods(self, uids: Collection[str]) -> None:
+        """Stop the Pods' processes all at once, each within its Pod's grace period."""
+        stopping = [self.running.pop(uid) for uid in uids]
+        processes.stop_groups(
+            {
+                item.process.pid: min(pod.request.grace_seconds, STOP_TIMEOUT)
+                for pod in stopping
+                for item in pod.processes
+            },
+            state_dir=self.cluster.state_dir,
+        )
+        for pod in stopping:
+            for item in pod.processes:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    item.process.wait(timeout=1)
+            if not any(r.request.ip == pod.request.ip for r in self.running.values()):
+                podnetwork.remove_host(pod.request.ip)
+            self.log(f"stopped {pod.request.key}; released {pod.request.ip}")
 
     def check_processes(self) -> None:
         """Restart exited processes with a growing delay, like a container in CrashLoopBackOff."""
@@ -355,8 +361,7 @@ class Runner:
             for uid, running in self.running.items()
             if uid not in desired or desired[uid][1] != running.request
         ]
-        for uid in stale:
-            self.stop_pod(uid)
+        self.stop_pods(stale)
         for uid, (pod, request) in desired.items():
             if uid not in self.running:
                 try:
@@ -405,8 +410,7 @@ class Runner:
                     self.reconcile()
 
     def stop_all(self) -> None:
-        for uid in list(self.running):
-            self.stop_pod(uid)
+        self.stop_pods(list(self.running))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -151,14 +151,24 @@ def _wait_gone(pids: Sequence[int], timeout: float) -> bool:
 
 def stop_group(pid: int, *, state_dir: Path, timeout: float = 10.0) -> None:
     """SIGTERM the process group led by pid, then SIGKILL whatever outlives the timeout."""
-    if not harness_processes.is_alive(pid) or not is_owned(pid, state_dir):
-        return
-    members = harness_processes.group_members(pid) or [pid]
-    _signal_group(pid, signal.SIGTERM)
-    if not _wait_gone(members, timeout):
-        _signal_group(pid, signal.SIGKILL)
-        _wait_gone(members, 5.0)
-    reap(members)
+    stop_groups({pid: timeout}, state_dir=state_dir)
+
+
+def stop_groups(timeouts: Mapping[int, float], *, state_dir: Path) -> None:
+    """SIGTERM the process groups led by these pids at once, as a kubelet stops a Pod's
+    containers, then SIGKILL each group that outlives its own timeout (pid -> seconds)."""
+    started = time.monotonic()
+    members: dict[int, list[int]] = {}
+    for pid in timeouts:
+        if harness_processes.is_alive(pid) and is_owned(pid, state_dir):
+            members[pid] = harness_processes.group_members(pid) or [pid]
+            _signal_group(pid, signal.SIGTERM)
+    for pid in sorted(members, key=lambda pid: timeouts[pid]):
+        left = started + timeouts[pid] - time.monotonic()
+        if not _wait_gone(members[pid], max(left, 0.0)):
+            _signal_group(pid, signal.SIGKILL)
+            _wait_gone(members[pid], 5.0)
+    reap([member for group in members.values() for member in group])
 
 
 def stop_recorded(state_dir: Path, names: Sequence[str], *, timeout: float = 10.0) -> None:
