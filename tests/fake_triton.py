@@ -4,6 +4,7 @@ Triton's metrics page (its families and labels) and statistics-extension JSON.""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from typing import Any
 
@@ -113,6 +114,8 @@ class FakeModel:
     """Batch size -> [executions, compute nanoseconds]."""
     engine: FakeEngine | None = None
     """The LLM engine behind the model, for one served by Triton's vLLM backend."""
+    engine_arguments: dict[str, Any] | None = None
+    """The engine arguments batchpilot applied, as its config parameter carries them."""
 
     def run(
         self,
@@ -238,5 +241,11 @@ class FakeTriton:
         if served.memory_per_item_bytes is not None:
             config["parameters"]["batchpilot.dev/memory-per-item-bytes"] = {
                 "string_value": str(served.memory_per_item_bytes)
+            }
+        if served.engine is not None:
+            config["backend"] = "vllm"
+        if served.engine_arguments is not None:
+            config["parameters"]["batchpilot.dev/engine-arguments"] = {
+                "string_value": json.dumps(served.engine_arguments)
             }
         return config

@@ -46,6 +46,7 @@ def make_collector(
     *,
     monitor: gpus.GpuMonitor | None = None,
     models: tuple[str, ...] = (),
+    model_repository: Path | None = None,
     **settings: float,
 ) -> collecting.Collector:
     return collecting.Collector(
@@ -55,6 +56,7 @@ def make_collector(
         settings=collecting.Settings(**settings),  # type: ignore[arg-type]
         clock=clock,
         wall_clock=lambda: 1_795_000_000.0 + clock.now,
+        model_repository=model_repository,
     )
 
 
@@ -105,8 +107,6 @@ async def serving_app(
     collector: collecting.Collector,
     default_objective: recommending.Objective | None = None,
     default_llm_objective: llm_recommending.LlmObjective | None = None,
-    *,
-    model_repository: Path | None = None,
 ) -> AsyncIterator[str]:
     """The sidecar's app on a loopback port; yields its base URL."""
     runner = web.AppRunner(
@@ -114,7 +114,6 @@ async def serving_app(
             collector,
             default_objective=default_objective,
             default_llm_objective=default_llm_objective,
-            model_repository=model_repository,
         ),
         access_log=None,
     )

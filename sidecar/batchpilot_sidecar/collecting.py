@@ -7,8 +7,10 @@ the step-time fit) and the GPUs. Rates are increases between two consecutive pag
 `batchpilot_triton.scraping` computes them series by series.
 
 For a model served by an LLM engine the metrics page also gives the engine's inter-token latency
-and running sequences; each interval of them is a sample of the engine's step time against its
-running sequences (`decodesteps`), fitted like the batch sizes are.
+and running sequences; every few seconds of them are a sample of the engine's step time against
+its running sequences (`decodesteps`), fitted like the batch sizes are. With the model
+repository (`model_repository`), the collector also knows the most sequences a vLLM engine runs
+from its `model.json`; without it, only from the arguments batchpilot applied.
 
 Memory is bounded whatever Triton serves. Each model keeps the per-interval rates of the last
 `rate_window` seconds and at most `max_observations` step-time observations (and as many LLM
@@ -31,10 +33,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from batchpilot_sidecar import decodesteps, gpus, steptimes
-from batchpilot_triton import engine_metrics, modelconfigs, scraping, servers
+from batchpilot_triton import engine_metrics, modelconfigs, repositories, scraping, servers
 
 logger = logging.getLogger("batchpilot.sidecar")
 
@@ -158,6 +161,7 @@ class ModelState:
         )
         self.totals: BatchTotals | None = None
         self.step_time: steptimes.Fit | steptimes.NotEnoughData = steptimes.fit(())
+        self.decode_pool = decodesteps.Pool()
         self.decode_samples: deque[tuple[float, decodesteps.Sample]] = deque(
             maxlen=settings.max_observations
         )
@@ -177,7 +181,11 @@ class ModelState:
         self.intervals.append((now, rates))
         engine = rates.engine
         if engine is not None:
-            found = decodesteps.sample(engine.inter_token, seconds=rates.seconds)
+            found = self.decode_pool.add(
+                engine.inter_token,
+                seconds=rates.seconds,
+                max_running=self.config.max_num_seqs if self.config is not None else None,
+            )
             if found is not None:
                 self.decode_samples.append((now, found))
                 self.fit_due = True
@@ -205,6 +213,8 @@ class ModelState:
         if self.totals is not None:
             if _was_reset(self.totals, totals):
                 self.config_stale = True
+                # A span across a reload would mix two engines, perhaps with different limits.
+                self.decode_pool = decodesteps.Pool()
             for observation in observations_between(self.totals, totals):
                 self.observations.append((now, observation))
                 self.fit_due = True
@@ -257,8 +267,12 @@ class Collector:
         settings: Settings | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        model_repository: Path | None = None,
     ) -> None:
         self.triton = triton
+        self.model_repository = model_repository
+        """Triton's model repository, where this sidecar reads it: the `model.json` of models
+        served by vLLM."""
         self.gpu_monitor = gpu_monitor
         self.wanted = frozenset(models)
         self.settings = settings or Settings()
@@ -387,8 +401,26 @@ class Collector:
                     raise config
                 state.config_error = str(config)
             else:
-                state.config = modelconfigs.ServedBatching.from_model_config(config)
+                state.config = modelconfigs.ServedBatching.from_model_config(
+                    config, model_json=await self._model_json(state.name, config)
+                )
                 state.config_error = None
+
+    async def _model_json(self, model: str, config: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The repository's engine arguments of a model served by vLLM, if this sidecar reads
+        the repository."""
+        if self.model_repository is None or not modelconfigs.served_by_vllm(config):
+            return None
+        try:
+            found = await asyncio.to_thread(
+                repositories.read_repository_arguments, self.model_repository, model
+            )
+        except repositories.RepositoryError as error:
+            logger.warning(
+                "model %s: the most sequences its engine runs are unknown: %s", model, error
+            )
+            return None
+        return found.arguments
 
     def _succeeded(self, source: str, now: float, wall: float) -> None:
         self.health[source] = self.health[source].succeeded(now, wall)

@@ -83,7 +83,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="DIR",
         help="Triton's model repository, mounted read-only: the operator reads the model.json "
-        "of models served by Triton's vLLM backend from here to apply LLM profiles",
+        "of models served by Triton's vLLM backend from here to apply LLM profiles, and the "
+        "sidecar the most sequences their engines run",
     )
     parser.add_argument(
         "--rate-window", type=float, default=10.0, help="seconds over which rates are reported"

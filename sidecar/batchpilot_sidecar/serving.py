@@ -42,7 +42,6 @@ def application(
     default_objective: recommending.Objective | None = None,
     default_llm_objective: llm_recommending.LlmObjective | None = None,
     started: float | None = None,
-    model_repository: Path | None = None,
 ) -> web.Application:
     started_at = collector.clock() if started is None else started
     registry = telemetry.registry(collector, objective=lambda: default_objective)
@@ -65,6 +64,7 @@ def application(
 
     async def engine_arguments(request: web.Request) -> web.Response:
         model = request.match_info["model"]
+        model_repository = collector.model_repository
         if model_repository is None:
             return web.json_response(
                 {
@@ -116,13 +116,14 @@ async def run_sidecar(
         triton_url, metrics_url=metrics_url, request_timeout=max(2.0, settings.interval)
     )
     monitor = gpus.GpuMonitor(gpus.NvmlReader(), dcgm_url=dcgm_url, pod=pod)
-    collector = collecting.Collector(triton, monitor, models=models, settings=settings)
+    collector = collecting.Collector(
+        triton, monitor, models=models, settings=settings, model_repository=model_repository
+    )
     app = application(
         collector,
         default_objective=default_objective,
         default_llm_objective=default_llm_objective,
         started=time.monotonic(),
-        model_repository=model_repository,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

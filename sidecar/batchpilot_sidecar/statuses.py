@@ -454,6 +454,7 @@ def _config(config: modelconfigs.ServedBatching | None) -> reports.ConfigReport 
         max_queue_delay_microseconds=config.max_queue_delay_us,
         preferred_batch_sizes=config.preferred_batch_sizes,
         memory_per_item_bytes=config.memory_per_item_bytes,
+        max_num_seqs=config.max_num_seqs,
     )
 
 

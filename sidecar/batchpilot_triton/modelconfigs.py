@@ -17,10 +17,16 @@ batchpilot keeps its own facts about a model in config parameters, named here on
   profile starts from, as a profile's max_batch_size starts from the baseline above;
 - `batchpilot.dev/memory-per-item-bytes`: declared by the model's author, the device memory one
   more batch item takes, for the sidecar's memory cap on the preferred batch size.
+
+Triton's vLLM backend takes its engine arguments from the repository's `model.json`, which the
+served configuration does not show: the engine runs that file with batchpilot's arguments on
+top, when batchpilot applied any. The operator lays a profile over it; the sidecar reads from it
+the most sequences the engine runs at once.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +36,7 @@ BASELINE_PARAMETER = "batchpilot.dev/baseline-max-batch-size"
 ENGINE_ARGUMENTS_PARAMETER = "batchpilot.dev/engine-arguments"
 BASELINE_PARAMETERS_PARAMETER = "batchpilot.dev/baseline-parameters"
 MEMORY_PER_ITEM_PARAMETER = "batchpilot.dev/memory-per-item-bytes"
+VLLM_BACKEND = "vllm"
 
 ModelConfig = dict[str, Any]
 
@@ -43,6 +50,37 @@ def parameter(config: Mapping[str, Any], key: str) -> str | None:
 def applied_profile(config: Mapping[str, Any]) -> str | None:
     """The profile batchpilot last applied to this served configuration, if any."""
     return parameter(config, PROFILE_PARAMETER)
+
+
+def served_by_vllm(config: Mapping[str, Any]) -> bool:
+    """Whether Triton serves the model with vLLM, whose engine arguments live in `model.json`."""
+    return config.get("backend") == VLLM_BACKEND
+
+
+def applied_engine_arguments(config: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The engine arguments batchpilot set on this served configuration, if it set any."""
+    written = parameter(config, ENGINE_ARGUMENTS_PARAMETER)
+    return None if written is None else dict(json.loads(written))
+
+
+def engine_max_num_seqs(
+    config: Mapping[str, Any], model_json: Mapping[str, Any] | None = None
+) -> int | None:
+    """The most sequences the vLLM engine of this served configuration runs at once (its
+    `max_num_seqs`), given the repository's `model.json` when the reader has it. None for another
+    backend, or when neither the file nor batchpilot's arguments set it (vLLM's default depends
+    on its version and the device)."""
+    if not served_by_vllm(config):
+        return None
+    try:
+        applied = applied_engine_arguments(config)
+    except (TypeError, ValueError):
+        return None  # a parameter batchpilot did not write: what the engine runs is unknown
+    value = {**(model_json or {}), **(applied or {})}.get("max_num_seqs")
+    # JSON's true is no count of sequences, though Python's bool is an int.
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return None
+    return value
 
 
 def baseline_max_batch_size(config: Mapping[str, Any]) -> int:
@@ -60,9 +98,15 @@ class ServedBatching:
     """None when the model has no dynamic batching."""
     preferred_batch_sizes: tuple[int, ...] = ()
     memory_per_item_bytes: float | None = None
+    max_num_seqs: int | None = None
+    """For a model served by vLLM, the most sequences its engine runs at once, when known."""
 
     @classmethod
-    def from_model_config(cls, config: Mapping[str, Any]) -> ServedBatching:
+    def from_model_config(
+        cls, config: Mapping[str, Any], *, model_json: Mapping[str, Any] | None = None
+    ) -> ServedBatching:
+        """The served configuration's batching; `model_json`: the repository's engine arguments
+        of a model served by vLLM, when the reader has the repository."""
         batching = config.get("dynamic_batching")
         if not isinstance(batching, Mapping):
             batching = None
@@ -76,4 +120,5 @@ class ServedBatching:
                 int(size) for size in (batching or {}).get("preferred_batch_size", [])
             ),
             memory_per_item_bytes=float(declared) if declared else None,
+            max_num_seqs=engine_max_num_seqs(config, model_json),
         )

@@ -232,6 +232,9 @@ class ConfigReport:
     max_queue_delay_microseconds: int | None
     preferred_batch_sizes: tuple[int, ...]
     memory_per_item_bytes: float | None
+    max_num_seqs: int | None = None
+    """For a model served by vLLM, the most sequences its engine runs, when the sidecar knows
+    it: a running count of the LLM step-time fit never exceeds it."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

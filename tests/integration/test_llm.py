@@ -24,7 +24,7 @@ from batchpilot.applying import actuators, engines, overrides, rollouts
 from batchpilot.policy import rendering, specs
 from batchpilot.signals import sources
 from batchpilot_harness import llm_load, llm_models, local_sidecar, local_triton, processes
-from batchpilot_sidecar import decodesteps
+from batchpilot_sidecar import decodesteps, llm_recommending
 from batchpilot_triton import modelconfigs, repositories, scraping, servers
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -52,11 +52,14 @@ def repository_of(server: local_triton.LocalTriton) -> engines.ModelRepository:
 def llm_sidecar(
     server: local_triton.LocalTriton, tmp_path: Path, *, rate_window: float
 ) -> Iterator[local_sidecar.LocalSidecar]:
-    """The sidecar, reading every 0.5 s, once it has a first reading (on a busy machine it
-    answers before it has read Triton twice, and a load started then is partly left out)."""
+    """The sidecar, reading every 0.5 s, with the server's model repository as a Pod's sidecar
+    reads it (the engine's max_num_seqs is in its model.json), once it has a first reading (on a
+    busy machine it answers before it has read Triton twice, and a load started then is partly
+    left out)."""
     with local_sidecar.running(
         server,
         *("--interval", "0.5", "--rate-window", f"{rate_window:g}"),
+        *("--model-repository", str(server.model_repository)),
         command=("-m", "batchpilot", "sidecar"),
         log=tmp_path / "sidecar.log",
     ) as sidecar:
@@ -110,13 +113,16 @@ async def running_in_a_burst(server: local_triton.LocalTriton, size: int = 8) ->
     return engine_between(before, after).running
 
 
-async def room_for(server: local_triton.LocalTriton, *, sequences: int) -> None:
-    """Make the engine run up to `sequences` at once, reloading only if a profile left it fewer
-    (the repository's arguments allow 16)."""
+async def room_for(server: local_triton.LocalTriton, *, sequences: int) -> int:
+    """Make the engine run up to `sequences` at once, reloading only if it was loaded with fewer
+    (the repository's arguments allow 16); the most it runs then."""
     async with servers.TritonServer(server.http_url, load_timeout=300) as triton:
         applied = engines.applied_arguments(await triton.model_config(MODEL))
-        if applied is None or applied.get("max_num_seqs", 0) >= sequences:
-            return
+        # The engine's model.json: a profile's arguments over the repository's.
+        base = repositories.read_repository_arguments(server.model_repository, MODEL)
+        loaded = {**base.arguments, **(applied or {})}
+        if loaded.get("max_num_seqs", 0) >= sequences:
+            return int(loaded["max_num_seqs"])
         roomy = specs.Profile.model_validate(
             {"llm": {"maxNumSeqs": sequences, "maxNumBatchedTokens": 2048}}
         )
@@ -128,6 +134,7 @@ async def room_for(server: local_triton.LocalTriton, *, sequences: int) -> None:
             engine_arguments=repository_of(server),
             verify_timeout=300,
         )
+    return sequences
 
 
 def stubs(server: local_triton.LocalTriton) -> set[int]:
@@ -216,9 +223,9 @@ async def closed_loop(
     return [completion for completions in found for completion in completions]
 
 
-def llm_status(url: str, query: str) -> dict[str, Any]:
+def model_status(url: str, query: str) -> dict[str, Any]:
     with urllib.request.urlopen(f"{url}/status?{query}", timeout=5) as response:
-        report: dict[str, Any] = json.loads(response.read())["models"][MODEL]["llm"]
+        report: dict[str, Any] = json.loads(response.read())["models"][MODEL]
     return report
 
 
@@ -226,7 +233,7 @@ async def test_the_sidecar_fits_the_engine_s_step_time_and_recommends_its_limits
     llm_server: local_triton.LocalTriton, tmp_path: Path
 ) -> None:
     objectives = "ttftP95Ms=500&itlP95Ms=20"
-    await room_for(llm_server, sequences=16)
+    limit = await room_for(llm_server, sequences=16)
     with llm_sidecar(llm_server, tmp_path, rate_window=3) as sidecar:
         for streams in (1, 2, 4, 8, 16):
             completions = await closed_loop(llm_server, streams=streams, seconds=3)
@@ -237,12 +244,13 @@ async def test_the_sidecar_fits_the_engine_s_step_time_and_recommends_its_limits
         before = await asyncio.to_thread(metrics_snapshot, llm_server)
         await asyncio.sleep(4)
         after = await asyncio.to_thread(metrics_snapshot, llm_server)
-        llm = await asyncio.to_thread(llm_status, sidecar.url, objectives)
+        report = await asyncio.to_thread(model_status, sidecar.url, objectives)
         assert all(completion.ok for completion in await steady)
     # What the fit models: the mean gap between tokens (the engine's step) over the steady load,
     # against the sequences running, counted as the fit counts them.
     measured = engine_between(before, after)
     steady_step_ms, running = measured.mean_ms, measured.running
+    llm = report["llm"]
     fit, recommendation = llm["stepTime"], llm["recommendation"]
     print(f"\nLLM step-time fit: {json.dumps(fit)}\nrecommendation: {json.dumps(recommendation)}")
     assert fit["status"] == "fitted", fit["reason"]
@@ -256,7 +264,12 @@ async def test_the_sidecar_fits_the_engine_s_step_time_and_recommends_its_limits
     assert recommendation["status"] == "ok"
     seqs = recommendation["maxNumSeqs"]["value"]
     tokens = recommendation["maxNumBatchedTokens"]["value"]
-    assert 1 <= seqs <= 2 * max(fit["batchSizes"])
+    # The sidecar knows the engine's limit, so no running count it fitted exceeds it however the
+    # engine's statistics bunched; the recommendation goes no further than twice the most it
+    # fitted, so never beyond twice the limit.
+    assert report["config"]["maxNumSeqs"] == limit
+    assert max(fit["batchSizes"]) <= limit
+    assert 1 <= seqs <= llm_recommending.EXTRAPOLATION_LIMIT * max(fit["batchSizes"])
     assert tokens >= seqs
     assert recommendation["maxNumSeqs"]["meetsObjective"]
 

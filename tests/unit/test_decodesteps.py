@@ -1,5 +1,6 @@
 """The LLM step-time fit: an engine's inter-token latency against its running sequences, per
-collection interval, fitted by the classic step-time fit; gaps named instead of guessed."""
+span of at least two seconds of collection intervals, capped at the engine's limit, fitted by
+the classic step-time fit; gaps named instead of guessed."""
 
 from __future__ import annotations
 
@@ -45,6 +46,73 @@ def test_an_interval_pairs_the_mean_gap_with_the_sequences_its_gaps_add_up_to() 
 def test_an_interval_without_gaps_is_no_sample() -> None:
     assert decodesteps.sample(Histogram(), seconds=1.0) is None
     assert decodesteps.sample(Histogram({float("inf"): 2.0}, 2.0, 0.01), seconds=0.0) is None
+
+
+def gaps(count: float, seconds: float) -> Histogram:
+    """An interval's gaps between tokens: `count` of them, `seconds` in all."""
+    return Histogram({float("inf"): count}, count, seconds)
+
+
+def test_a_pool_gives_one_sample_per_two_seconds_of_intervals_with_their_gaps_summed() -> None:
+    pool = decodesteps.Pool()
+    # Half-second intervals, one idle: 800 gaps, 6 s of them, in 2 s.
+    intervals = [gaps(400, 2.0), gaps(300, 3.0), Histogram(), gaps(100, 1.0)]
+    found = [pool.add(interval, seconds=0.5) for interval in intervals]
+    assert found[:3] == [None, None, None]
+    assert found[3] == decodesteps.Sample(
+        running=pytest.approx(3.0), tokens=800, mean_ms=pytest.approx(7.5)
+    )
+    # It starts over: the next sample takes the next two seconds only.
+    assert [pool.add(gaps(200, 2.0), seconds=1.0) for _ in range(2)] == [
+        None,
+        decodesteps.Sample(running=pytest.approx(2.0), tokens=400, mean_ms=pytest.approx(10.0)),
+    ]
+
+
+def test_an_interval_as_long_as_the_span_is_a_sample_of_its_own() -> None:
+    pool = decodesteps.Pool()
+    found = pool.add(gaps(1000, 15.0), seconds=decodesteps.SAMPLE_SECONDS + 1.0)
+    assert found == decodesteps.Sample(running=5.0, tokens=1000, mean_ms=15.0)
+
+
+def test_two_idle_seconds_are_no_sample_and_do_not_dilute_the_next() -> None:
+    pool = decodesteps.Pool()
+    assert [pool.add(Histogram(), seconds=0.5) for _ in range(4)] == [None] * 4
+    found = [pool.add(gaps(400, 4.0), seconds=0.5) for _ in range(4)]
+    assert found[3] == decodesteps.Sample(running=8.0, tokens=1600, mean_ms=10.0)
+
+
+def test_statistics_that_arrive_in_a_bunch_read_as_the_sequences_that_ran_over_the_span() -> None:
+    # 8 sequences at 10 ms a step for 2 s are 16 s of gaps; most of them reach Triton at once.
+    bunched = [gaps(100, 1.0), Histogram(), gaps(100, 1.0), gaps(1400, 14.0)]
+    assert decodesteps.sample(bunched[-1], seconds=0.5) == decodesteps.Sample(
+        running=pytest.approx(28.0), tokens=1400, mean_ms=pytest.approx(10.0)
+    )
+    pool = decodesteps.Pool()
+    (found,) = [s for s in (pool.add(interval, seconds=0.5) for interval in bunched) if s]
+    assert found.running == pytest.approx(8.0)
+    assert found.mean_ms == pytest.approx(10.0)
+
+
+def test_the_running_count_is_clamped_to_the_engine_s_limit_when_it_is_known() -> None:
+    # 94 sequences' worth of gaps in half a second, on an engine that runs at most 16.
+    overshoot = gaps(4700, 47.0)
+    assert decodesteps.sample(overshoot, seconds=0.5) == decodesteps.Sample(
+        running=pytest.approx(94.0), tokens=4700, mean_ms=pytest.approx(10.0)
+    )
+    capped = decodesteps.sample(overshoot, seconds=0.5, max_running=16)
+    assert capped == decodesteps.Sample(running=16, tokens=4700, mean_ms=pytest.approx(10.0))
+    assert capped.as_observation().batch_size == 16
+    # Below the limit it changes nothing.
+    assert decodesteps.sample(gaps(400, 4.0), seconds=0.5, max_running=16) == (
+        decodesteps.Sample(running=pytest.approx(8.0), tokens=400, mean_ms=pytest.approx(10.0))
+    )
+
+
+def test_a_pool_clamps_its_sample_to_the_limit_it_is_given() -> None:
+    pool = decodesteps.Pool()
+    found = [pool.add(gaps(4700, 47.0), seconds=1.0, max_running=16) for _ in range(2)]
+    assert found == [None, decodesteps.Sample(running=16, tokens=9400, mean_ms=10.0)]
 
 
 def test_a_token_means_a_running_sequence_however_low_the_readings() -> None:

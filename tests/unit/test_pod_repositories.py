@@ -39,8 +39,9 @@ def sidecar_app(tmp_path: Path, *, with_repository: bool = True) -> web.Applicat
         (repository / MODEL / version).mkdir(parents=True)
         (repository / MODEL / version / "model.json").write_text(json.dumps(REPOSITORY_ARGUMENTS))
     return serving.application(
-        make_collector(FakeTriton(), Clock()),
-        model_repository=repository if with_repository else None,
+        make_collector(
+            FakeTriton(), Clock(), model_repository=repository if with_repository else None
+        )
     )
 
 

@@ -1,10 +1,14 @@
-"""An LLM engine behind the sidecar: its step time fitted against its running sequences, and
-maxNumSeqs and maxNumBatchedTokens recommended for the caller's objectives, on /status and to
-the operator's signals."""
+"""An LLM engine behind the sidecar: its step time fitted against its running sequences (a
+sample every two seconds of readings, its running count at most the engine's max_num_seqs
+where the sidecar knows it), and maxNumSeqs and maxNumBatchedTokens recommended for the
+caller's objectives, on /status and to the operator's signals."""
 
 from __future__ import annotations
 
+import json
+import logging
 from contextlib import AsyncExitStack
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -12,10 +16,11 @@ import pytest
 
 from batchpilot.policy import decisions
 from batchpilot.signals import sidecars
-from batchpilot_sidecar import llm_recommending
+from batchpilot_sidecar import collecting, decodesteps, llm_recommending
+from batchpilot_triton import modelconfigs
 from builders import make_spec
 from fake_triton import FakeEngine, FakeModel, FakeTriton
-from sidecar_builders import DECODE_TRUTH, Clock, decoded, make_collector, serving_app
+from sidecar_builders import DECODE_TRUTH, Clock, decoded, make_collector, serving_app, tick
 
 MODEL = "tiny_llm"
 
@@ -192,3 +197,141 @@ async def test_signals_carry_the_fewest_sequences_and_the_most_tokens_over_sidec
     assert metrics[decisions.RECOMMENDED_MAX_NUM_SEQS] == 8
     assert metrics[decisions.RECOMMENDED_MAX_NUM_BATCHED_TOKENS] == tokens[0]
     assert decisions.RECOMMENDED_QUEUE_DELAY not in metrics
+
+
+def samples_of(collector: collecting.Collector) -> list[decodesteps.Sample]:
+    return [found for _, found in collector.models[MODEL].decode_samples]
+
+
+async def test_half_second_readings_make_a_sample_every_two_seconds() -> None:
+    engine = FakeEngine()
+    model = FakeModel(MODEL, engine=engine)
+    clock = Clock()
+    collector = make_collector(FakeTriton(model), clock, interval=0.5)
+    await collector.collect()
+    counts = []
+    for _ in range(8):
+        # Half a second of 4 sequences at 10 ms a step: 200 gaps, 2 s of them.
+        engine.decode(running=4, tokens=200, step_ms=10.0)
+        await tick(collector, clock, 0.5)
+        counts.append(len(samples_of(collector)))
+    assert counts == [0, 0, 0, 1, 1, 1, 1, 2]
+    assert (
+        samples_of(collector)
+        == [decodesteps.Sample(running=pytest.approx(4.0), tokens=800, mean_ms=pytest.approx(10.0))]
+        * 2
+    )
+
+
+@pytest.mark.parametrize(("applied", "running"), [(None, 32.0), ({"max_num_seqs": 16}, 16.0)])
+async def test_statistics_of_four_seconds_in_two_read_at_most_the_engine_s_max_num_seqs(
+    applied: dict[str, Any] | None, running: float
+) -> None:
+    engine = FakeEngine()
+    model = FakeModel(MODEL, engine=engine, engine_arguments=applied)
+    clock = Clock()
+    collector = make_collector(FakeTriton(model), clock, interval=0.5)
+    await collector.collect()
+    await tick(collector, clock, 2.0)  # the engine's statistics of these 2 s are late...
+    # ...and land with the next 2 s: 16 sequences at 10 ms for 4 s, 64 s of gaps in all.
+    engine.decode(running=16, tokens=6400, step_ms=10.0)
+    await tick(collector, clock, 2.0)
+    assert samples_of(collector) == [
+        decodesteps.Sample(running=pytest.approx(running), tokens=6400, mean_ms=10.0)
+    ]
+    async with serving_app(collector) as url:
+        status, body = await get(f"{url}/status")
+    assert status == 200
+    assert body["models"][MODEL]["config"]["maxNumSeqs"] == (applied or {}).get("max_num_seqs")
+
+
+async def test_a_reload_starts_the_engine_s_next_sample_afresh() -> None:
+    engine = FakeEngine()
+    model = FakeModel(MODEL, engine=engine)
+    model.run(batch_size=1, executions=10, step_ms=1.0)  # statistics a reload resets
+    clock = Clock()
+    collector = make_collector(FakeTriton(model), clock, interval=0.5)
+    await collector.collect()
+    for _ in range(2):
+        engine.decode(running=4, tokens=200, step_ms=10.0)
+        await tick(collector, clock, 0.5)
+    model.reload()
+    for _ in range(5):
+        engine.decode(running=12, tokens=600, step_ms=10.0)
+        await tick(collector, clock, 0.5)
+    # Four readings after the one that saw the reload, all of the reloaded engine.
+    assert samples_of(collector) == [
+        decodesteps.Sample(running=pytest.approx(12.0), tokens=2400, mean_ms=pytest.approx(10.0))
+    ]
+
+
+def write_model_json(repository: Path, arguments: dict[str, Any]) -> Path:
+    (repository / MODEL / "1").mkdir(parents=True)
+    (repository / MODEL / "1" / "model.json").write_text(json.dumps(arguments))
+    return repository
+
+
+@pytest.mark.parametrize(
+    ("in_repository", "applied", "limit"),
+    [
+        ({"max_num_seqs": 8}, None, 8),
+        ({"max_num_seqs": 8}, {"max_num_seqs": 4}, 4),
+        ({"max_num_seqs": 8}, {"max_num_batched_tokens": 512}, 8),
+        (None, {"max_num_seqs": 4}, 4),
+        (None, None, None),
+        ({"model": "/models/tiny-llama"}, None, None),
+    ],
+)
+async def test_the_engine_s_limit_is_batchpilot_s_arguments_over_the_repository_s_model_json(
+    tmp_path: Path,
+    in_repository: dict[str, Any] | None,
+    applied: dict[str, Any] | None,
+    limit: int | None,
+) -> None:
+    repository = None if in_repository is None else write_model_json(tmp_path, in_repository)
+    model = FakeModel(MODEL, engine=FakeEngine(), engine_arguments=applied)
+    collector = make_collector(FakeTriton(model), Clock(), model_repository=repository)
+    await collector.collect()
+    config = collector.models[MODEL].config
+    assert config is not None
+    assert config.max_num_seqs == limit
+
+
+async def test_a_model_the_repository_lacks_has_no_limit_and_the_log_says_why(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    classic = FakeModel("classic")
+    triton = FakeTriton(FakeModel(MODEL, engine=FakeEngine()), classic)
+    collector = make_collector(triton, Clock(), model_repository=tmp_path)
+    with caplog.at_level(logging.WARNING, logger="batchpilot.sidecar"):
+        await collector.collect()
+    assert [state.config.max_num_seqs for state in collector.models.values() if state.config] == [
+        None,
+        None,
+    ]
+    # Only the model served by vLLM has a model.json to look for.
+    said = [record.getMessage() for record in caplog.records]
+    assert [message for message in said if "engine runs" in message] == [
+        f"model {MODEL}: the most sequences its engine runs are unknown: model {MODEL!r} is not "
+        f"in the model repository {tmp_path}"
+    ]
+
+
+@pytest.mark.parametrize("value", [True, "16", 0, 2.5, None])
+def test_a_max_num_seqs_that_is_no_count_of_sequences_is_no_limit(value: object) -> None:
+    served = {"backend": "vllm"}
+    assert modelconfigs.engine_max_num_seqs(served, {"max_num_seqs": value}) is None
+
+
+def test_an_engine_arguments_parameter_batchpilot_did_not_write_leaves_the_limit_unknown() -> None:
+    served = {
+        "backend": "vllm",
+        "parameters": {modelconfigs.ENGINE_ARGUMENTS_PARAMETER: {"string_value": "16 seqs"}},
+    }
+    assert modelconfigs.engine_max_num_seqs(served, {"max_num_seqs": 8}) is None
+    assert modelconfigs.ServedBatching.from_model_config(served).max_num_seqs is None
+
+
+def test_only_an_engine_served_by_vllm_has_a_max_num_seqs() -> None:
+    assert modelconfigs.engine_max_num_seqs({"backend": "vllm"}, {"max_num_seqs": 8}) == 8
+    assert modelconfigs.engine_max_num_seqs({"backend": "python"}, {"max_num_seqs": 8}) is None

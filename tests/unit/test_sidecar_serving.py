@@ -348,8 +348,8 @@ async def get_raw(url: str) -> tuple[int, Any]:
 
 
 async def test_the_engine_arguments_are_the_newest_versions_model_json(tmp_path: Path) -> None:
-    collector = make_collector(FakeTriton(), Clock())
-    async with serving_app(collector, model_repository=llm_repository(tmp_path)) as url:
+    collector = make_collector(FakeTriton(), Clock(), model_repository=llm_repository(tmp_path))
+    async with serving_app(collector) as url:
         status, body = await get(f"{url}/v1/models/tiny_llm/engine-arguments")
     assert status == 200
     assert body == {
@@ -369,8 +369,8 @@ async def test_the_engine_arguments_are_the_newest_versions_model_json(tmp_path:
 async def test_a_model_without_engine_arguments_is_not_found_with_the_reason(
     tmp_path: Path, model: str, error: str
 ) -> None:
-    collector = make_collector(FakeTriton(), Clock())
-    async with serving_app(collector, model_repository=llm_repository(tmp_path)) as url:
+    collector = make_collector(FakeTriton(), Clock(), model_repository=llm_repository(tmp_path))
+    async with serving_app(collector) as url:
         status, body = await get(f"{url}/v1/models/{model}/engine-arguments")
     assert status == 404
     assert error in body["error"]
@@ -397,8 +397,8 @@ async def test_without_a_model_repository_there_are_no_engine_arguments_to_serve
 async def test_a_name_that_would_leave_the_repository_reads_nothing(
     tmp_path: Path, path: str
 ) -> None:
-    collector = make_collector(FakeTriton(), Clock())
-    async with serving_app(collector, model_repository=llm_repository(tmp_path)) as url:
+    collector = make_collector(FakeTriton(), Clock(), model_repository=llm_repository(tmp_path))
+    async with serving_app(collector) as url:
         status, body = await get_raw(f"{url}{path}")
     # The router hands the handler the name with its escapes decoded: the check is what stops it.
     assert status == 400

@@ -41,10 +41,11 @@ from batchpilot.policy import rendering
 from batchpilot_triton import modelconfigs, repositories
 from batchpilot_triton.modelconfigs import ModelConfig
 
-VLLM_BACKEND = "vllm"
 # Named here by the apply path; they live below both programs, where the sidecar reads them too.
 ENGINE_ARGUMENTS_FILE = repositories.ENGINE_ARGUMENTS_FILE
 RepositoryArguments = repositories.RepositoryArguments
+is_llm_engine = modelconfigs.served_by_vllm
+applied_arguments = modelconfigs.applied_engine_arguments
 TENSORRT_LLM_BACKEND = "tensorrtllm"
 
 Rendered = TypeVar("Rendered")
@@ -83,11 +84,6 @@ _TENSORRT_LLM = _Backend(
 _STATIC_BATCHING = ("V1", "v1")
 
 
-def is_llm_engine(config: Mapping[str, Any]) -> bool:
-    """Whether Triton serves the model with vLLM, whose engine arguments live in `model.json`."""
-    return config.get("backend") == VLLM_BACKEND
-
-
 def is_tensorrt_llm(config: Mapping[str, Any]) -> bool:
     """Whether Triton serves the model with its TensorRT-LLM backend (config parameters)."""
     return config.get("backend") == TENSORRT_LLM_BACKEND
@@ -115,12 +111,6 @@ class ModelRepository:
             return repositories.read_repository_arguments(self.path, model)
         except repositories.RepositoryError as error:
             raise EngineArgumentsUnavailable(str(error)) from None
-
-
-def applied_arguments(config: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The engine arguments batchpilot set on this served configuration, if it set any."""
-    written = modelconfigs.parameter(config, modelconfigs.ENGINE_ARGUMENTS_PARAMETER)
-    return None if written is None else dict(json.loads(written))
 
 
 def check(base: RepositoryArguments, settings: rendering.Settings, *, model: str) -> dict[str, Any]:
