@@ -15,21 +15,19 @@ import dataclasses
 import ipaddress
 import json
 import shutil
-import signal
 import ssl
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import yaml
 
 from batchpilot_harness import local_triton
+from batchpilot_harness import processes as harness_processes
 from e2e.cluster import (
     building,
     certificates,
@@ -545,7 +543,7 @@ def running(
     say: Callable[[str], None] = print,
 ) -> Iterator[Cluster]:
     """A cluster for the duration of a with-block, stopped on errors, SIGINT and SIGTERM too."""
-    restore = _raise_on_sigterm()
+    restore = harness_processes.raise_on_sigterm()
     try:
         cluster = start(state_dir=state_dir, nodes=nodes, say=say)
         try:
@@ -554,19 +552,3 @@ def running(
             stop(state_dir=cluster.state_dir, keep_logs=keep_logs, say=say)
     finally:
         restore()
-
-
-def _raise_on_sigterm() -> Callable[[], None]:
-    """Make SIGTERM raise, so that finally-blocks stop the cluster (SIGINT already does)."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, handler)
-
-    def restore() -> None:
-        signal.signal(signal.SIGTERM, previous)
-
-    return restore

@@ -49,7 +49,7 @@ import types
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Self
 
@@ -330,6 +330,7 @@ class LocalTriton:
         self._process: subprocess.Popen[bytes] | None = None
         self._started_at: float | None = None
         self._startup_seconds: float | None = None
+        self._restore_sigterm: Callable[[], None] = lambda: None
         # Python-backend shared-memory regions are named; two servers must not share names.
         self._shared_memory_prefix = f"batchpilot_{uuid.uuid4().hex[:12]}_"
 
@@ -534,11 +535,14 @@ class LocalTriton:
             time.sleep(0.02)
 
     def __enter__(self) -> Self:
-        self.start()
+        # Whatever runs the server in a with-block (a benchmark, the demo) stops it on SIGTERM
+        # too, instead of leaving it and its engine running.
+        self._restore_sigterm = processes.raise_on_sigterm()
         try:
+            self.start()
             self.wait_ready()
         except BaseException:
-            self.stop()
+            self.__exit__(None, None, None)
             raise
         return self
 
@@ -548,7 +552,10 @@ class LocalTriton:
         exc: BaseException | None,
         traceback: types.TracebackType | None,
     ) -> None:
-        self.stop()
+        try:
+            self.stop()
+        finally:
+            self._restore_sigterm()
 
     # -- where things are ------------------------------------------------------------------------
 

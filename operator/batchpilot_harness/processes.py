@@ -1,4 +1,5 @@
-"""What Linux's /proc says about a process: its state, parent, group, CPU time and memory.
+"""What Linux's /proc says about a process: its state, parent, group, CPU time and memory; and
+making SIGTERM stop a process's own children.
 
 One reader for everything the harness and its users learn about processes: stopping a local
 Triton together with the Python stubs it started (`local_triton`), finding and stopping the e2e
@@ -10,7 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -78,3 +83,22 @@ def cpu_seconds(pid: int) -> float:
 
 def resident_bytes(pid: int) -> int:
     return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE_SIZE
+
+
+def raise_on_sigterm() -> Callable[[], None]:
+    """Make SIGTERM raise KeyboardInterrupt, as SIGINT does, so that finally-blocks and
+    with-blocks stop what they started (a local Triton, a cluster) instead of orphaning it;
+    returns what restores the previous handler. Only the main thread can set one: elsewhere a
+    no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, previous)
+
+    return restore

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -165,6 +166,37 @@ def test_command_line_serves_until_sigterm_then_stops_everything(tmp_path: Path)
     assert status == 0, output.read_text()
     assert server_pid in members
     assert alive(members) == []
+
+
+def test_sigterm_to_a_program_that_runs_a_server_in_a_with_block_stops_the_server() -> None:
+    """A benchmark or the demo killed with SIGTERM leaves no tritonserver or stub behind."""
+    program = (
+        "import sys, time\n"
+        "from batchpilot_harness import demo_models, local_triton\n"
+        "with local_triton.LocalTriton(model_repository=demo_models.MODEL_REPOSITORY,"
+        " models=['gpu_sim']) as server:\n"
+        "    print(server.pid, flush=True)\n"
+        "    time.sleep(120)\n"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", program], stdout=subprocess.PIPE, text=True
+    ) as command:
+        try:
+            assert command.stdout is not None
+            server_pid = int(command.stdout.readline())
+            members = processes.group_members(server_pid)
+            command.send_signal(signal.SIGTERM)
+            status = command.wait(timeout=30)
+        finally:
+            if command.poll() is None:
+                command.kill()
+    left = alive(members)
+    for pid in left:  # what a failure would leave running
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert status != 0, "interrupted, not finished"
+    assert server_pid in members
+    assert left == []
 
 
 def test_a_relative_run_directory_serves_models_that_use_the_device_lock(
