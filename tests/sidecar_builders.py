@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
 
 from batchpilot_harness import local_triton
 from batchpilot_sidecar import collecting, gpus, llm_recommending, recommending, serving, steptimes
@@ -124,3 +125,12 @@ async def serving_app(
         yield f"http://127.0.0.1:{port}"
     finally:
         await runner.cleanup()
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """A /metrics page's samples by name and sorted labels."""
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }

@@ -44,7 +44,11 @@ def application(
     started: float | None = None,
 ) -> web.Application:
     started_at = collector.clock() if started is None else started
-    registry = telemetry.registry(collector, objective=lambda: default_objective)
+    registry = telemetry.registry(
+        collector,
+        objective=lambda: default_objective,
+        llm_objective=lambda: default_llm_objective,
+    )
 
     async def status(request: web.Request) -> web.Response:
         try:

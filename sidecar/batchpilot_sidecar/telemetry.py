@@ -16,7 +16,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from batchpilot_sidecar import collecting, gpus, recommending, statuses, steptimes
+from batchpilot_sidecar import collecting, gpus, llm_recommending, recommending, statuses, steptimes
+from batchpilot_triton import reports
 
 PREFIX = "batchpilot_sidecar"
 
@@ -96,6 +97,52 @@ FAMILIES = {
             "Batch the recommended queue delay makes at the current load.",
         ),
         Family(
+            "llm_time_to_first_token_seconds",
+            "gauge",
+            ("model", "quantile"),
+            "An LLM engine's time to first token (p50, p95), measured by the engine.",
+        ),
+        Family(
+            "llm_inter_token_seconds",
+            "gauge",
+            ("model", "quantile"),
+            "An LLM engine's time between two tokens of a request (p50, p95).",
+        ),
+        Family("llm_output_tokens_per_second", "gauge", _MODEL, "Tokens an LLM engine generated."),
+        Family("llm_prompt_tokens_per_second", "gauge", _MODEL, "Prompt tokens it took in."),
+        Family("llm_running_sequences", "gauge", _MODEL, "Sequences an LLM engine runs, now."),
+        Family("llm_waiting_sequences", "gauge", _MODEL, "Sequences waiting to run, now."),
+        Family("llm_kv_cache_usage_ratio", "gauge", _MODEL, "KV-cache in use, 0 to 1."),
+        Family(
+            "llm_max_num_seqs",
+            "gauge",
+            _MODEL,
+            "Most sequences the vLLM engine runs at once (its max_num_seqs), where known.",
+        ),
+        Family(
+            "llm_step_time_fitted",
+            "gauge",
+            _MODEL,
+            "1 when an LLM engine's step time t0 + c*b^alpha over its running sequences is "
+            "fitted, else 0 (/status says why).",
+        ),
+        Family("llm_step_time_base_seconds", "gauge", _MODEL, "t0 of the engine's step."),
+        Family("llm_step_time_per_sequence_seconds", "gauge", _MODEL, "c of the engine's step."),
+        Family("llm_step_time_exponent", "gauge", _MODEL, "alpha of the engine's step."),
+        Family("llm_step_time_r_squared", "gauge", _MODEL, "Goodness of the engine's step fit."),
+        Family(
+            "recommended_max_num_seqs",
+            "gauge",
+            _MODEL,
+            "maxNumSeqs whose step keeps inter-token latency within --itl-p95-ms.",
+        ),
+        Family(
+            "recommended_max_num_batched_tokens",
+            "gauge",
+            _MODEL,
+            "maxNumBatchedTokens that keeps time to first token within --ttft-p95-ms.",
+        ),
+        Family(
             "source_up",
             "gauge",
             ("source",),
@@ -153,18 +200,21 @@ class SidecarCollector(Collector):
         collector: collecting.Collector,
         *,
         objective: Callable[[], recommending.Objective | None],
+        llm_objective: Callable[[], llm_recommending.LlmObjective | None] = lambda: None,
     ) -> None:
         self._collector = collector
         self._objective = objective
+        self._llm_objective = llm_objective
 
     def collect(self) -> Iterator[Metric]:
         families = _Families()
         collector = self._collector
         now = collector.clock()
         _gpu_families(families, collector.gpu)
-        objective = self._objective()
+        objective, llm_objective = self._objective(), self._llm_objective()
         for name, state in collector.models.items():
             _model_families(families, collector, name, state, now, objective)
+            _llm_families(families, name, state, now, llm_objective)
         for source, health in collector.health.items():
             families.add(
                 "source_up",
@@ -242,14 +292,57 @@ def _model_families(
             families.add("expected_batch_size", model, delay.expected_batch)
 
 
+def _llm_families(
+    families: _Families,
+    name: str,
+    state: collecting.ModelState,
+    now: float,
+    objective: llm_recommending.LlmObjective | None,
+) -> None:
+    """What /status shows under `models.<m>.llm`, for a model served by an LLM engine."""
+    model = [name]
+    rates = state.rates(now)
+    measured = reports.LlmReport.from_rates(rates)
+    if measured is None:
+        return
+    for quantile, ttft_ms, itl_ms in (
+        ("0.5", measured.ttft_p50_ms, measured.inter_token_p50_ms),
+        ("0.95", measured.ttft_p95_ms, measured.inter_token_p95_ms),
+    ):
+        families.add("llm_time_to_first_token_seconds", [name, quantile], _seconds(ttft_ms))
+        families.add("llm_inter_token_seconds", [name, quantile], _seconds(itl_ms))
+    families.add("llm_output_tokens_per_second", model, measured.output_tokens_per_second)
+    families.add("llm_prompt_tokens_per_second", model, measured.prompt_tokens_per_second)
+    families.add("llm_running_sequences", model, measured.running_sequences)
+    families.add("llm_waiting_sequences", model, measured.waiting_sequences)
+    families.add("llm_kv_cache_usage_ratio", model, measured.kv_cache_usage)
+    families.add("llm_max_num_seqs", model, state.config.max_num_seqs if state.config else None)
+    fit = state.decode_step_time
+    families.add("llm_step_time_fitted", model, 1.0 if isinstance(fit, steptimes.Fit) else 0.0)
+    if isinstance(fit, steptimes.Fit):
+        families.add("llm_step_time_base_seconds", model, fit.model.t0_ms / 1000)
+        families.add("llm_step_time_per_sequence_seconds", model, fit.model.c_ms / 1000)
+        families.add("llm_step_time_exponent", model, fit.model.alpha)
+        families.add("llm_step_time_r_squared", model, fit.r_squared)
+    recommendation = statuses.recommend_llm(state, rates, objective)
+    if recommendation.max_num_seqs is not None:
+        families.add("recommended_max_num_seqs", model, recommendation.max_num_seqs.value)
+    if recommendation.max_num_batched_tokens is not None:
+        tokens = recommendation.max_num_batched_tokens.value
+        families.add("recommended_max_num_batched_tokens", model, tokens)
+
+
 def _seconds(milliseconds: float | None) -> float | None:
     return milliseconds / 1000 if milliseconds is not None else None
 
 
 def registry(
-    collector: collecting.Collector, *, objective: Callable[[], recommending.Objective | None]
+    collector: collecting.Collector,
+    *,
+    objective: Callable[[], recommending.Objective | None],
+    llm_objective: Callable[[], llm_recommending.LlmObjective | None] = lambda: None,
 ) -> CollectorRegistry:
     """A registry with the sidecar's families only (no process or platform collectors)."""
     found = CollectorRegistry()
-    found.register(SidecarCollector(collector, objective=objective))
+    found.register(SidecarCollector(collector, objective=objective, llm_objective=llm_objective))
     return found

@@ -20,7 +20,15 @@ from batchpilot_sidecar import collecting, decodesteps, llm_recommending
 from batchpilot_triton import modelconfigs
 from builders import make_spec
 from fake_triton import FakeEngine, FakeModel, FakeTriton
-from sidecar_builders import DECODE_TRUTH, Clock, decoded, make_collector, serving_app, tick
+from sidecar_builders import (
+    DECODE_TRUTH,
+    Clock,
+    decoded,
+    make_collector,
+    samples,
+    serving_app,
+    tick,
+)
 
 MODEL = "tiny_llm"
 
@@ -143,6 +151,37 @@ async def test_the_sidecars_own_llm_objectives_are_the_default_and_the_query_ove
         asked["recommendation"]["maxNumSeqs"]["value"]
         > (by_default["recommendation"]["maxNumSeqs"]["value"])
     )
+
+
+async def test_metrics_export_what_the_status_shows_of_the_engine_for_its_objectives() -> None:
+    model = FakeModel(MODEL, engine=FakeEngine())
+    clock = Clock()
+    collector = make_collector(FakeTriton(model), clock)
+    await decoded(model, collector, clock)
+    default = llm_recommending.LlmObjective(ttft_p95_ms=200, itl_p95_ms=10)
+    async with serving_app(collector, default_llm_objective=default) as url:
+        llm = await llm_report(url)
+        async with aiohttp.ClientSession() as session, session.get(f"{url}/metrics") as response:
+            found = samples(await response.text())
+    model_label = (("model", MODEL),)
+
+    def metric(name: str, labels: tuple[tuple[str, str], ...] = model_label) -> float:
+        return found[(f"batchpilot_sidecar_{name}", labels)]
+
+    p95 = (("model", MODEL), ("quantile", "0.95"))
+    assert metric("llm_time_to_first_token_seconds", p95) == pytest.approx(llm["ttftP95Ms"] / 1000)
+    assert metric("llm_inter_token_seconds", p95) == pytest.approx(llm["interTokenP95Ms"] / 1000)
+    assert metric("llm_output_tokens_per_second") == llm["outputTokensPerSecond"]
+    assert metric("llm_step_time_fitted") == 1
+    assert metric("llm_step_time_exponent") == pytest.approx(DECODE_TRUTH.alpha, rel=1e-3)
+    recommendation = llm["recommendation"]
+    assert metric("recommended_max_num_seqs") == recommendation["maxNumSeqs"]["value"] == 29
+    assert (
+        metric("recommended_max_num_batched_tokens")
+        == recommendation["maxNumBatchedTokens"]["value"]
+    )
+    # The batching families describe dynamic batching, which an LLM engine does not do.
+    assert ("batchpilot_sidecar_recommended_queue_delay_microseconds", model_label) not in found
 
 
 @pytest.mark.parametrize(

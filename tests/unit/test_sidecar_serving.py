@@ -11,13 +11,21 @@ from typing import Any
 import aiohttp
 import pytest
 import yarl
-from prometheus_client.parser import text_string_to_metric_families
 
 from batchpilot import cli
 from batchpilot_sidecar import collecting, recommending, serving, statuses, telemetry
 from fake_nvml import GIB, FakeGpu
 from fake_triton import FakeModel, FakeTriton
-from sidecar_builders import TRUTH, Clock, fitted, make_collector, one_gpu, serving_app, tick
+from sidecar_builders import (
+    TRUTH,
+    Clock,
+    fitted,
+    make_collector,
+    one_gpu,
+    samples,
+    serving_app,
+    tick,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -215,14 +223,6 @@ async def test_stale_readings_are_flagged() -> None:
     assert metrics["failures"] == 4
 
 
-def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
 async def test_metrics_export_the_measurements_and_nothing_unmeasured() -> None:
     model = FakeModel("gpu_sim")
     clock = Clock()
@@ -251,6 +251,7 @@ async def test_metrics_export_the_measurements_and_nothing_unmeasured() -> None:
     names = {name for name, _ in found}
     assert not any(name.startswith("batchpilot_sidecar_gpu_memory") for name in names)
     assert "batchpilot_sidecar_memory_batch_cap" not in names
+    assert not any(name.startswith("batchpilot_sidecar_llm_") for name in names), "no engine"
     assert all(name.startswith("batchpilot_sidecar_") for name in names)
 
 
