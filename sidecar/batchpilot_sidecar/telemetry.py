@@ -17,7 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from batchpilot_sidecar import collecting, gpus, llm_recommending, recommending, statuses, steptimes
-from batchpilot_triton import reports
+from batchpilot_triton import reports, scraping
 
 PREFIX = "batchpilot_sidecar"
 
@@ -213,8 +213,9 @@ class SidecarCollector(Collector):
         _gpu_families(families, collector.gpu)
         objective, llm_objective = self._objective(), self._llm_objective()
         for name, state in collector.models.items():
-            _model_families(families, collector, name, state, now, objective)
-            _llm_families(families, name, state, now, llm_objective)
+            rates = state.rates(now)
+            _model_families(families, collector, name, state, rates, now, objective)
+            _llm_families(families, name, state, rates, llm_objective)
         for source, health in collector.health.items():
             families.add(
                 "source_up",
@@ -249,11 +250,11 @@ def _model_families(
     collector: collecting.Collector,
     name: str,
     state: collecting.ModelState,
+    rates: scraping.ModelRates | None,
     now: float,
     objective: recommending.Objective | None,
 ) -> None:
     model = [name]
-    rates = state.rates(now)
     if rates is not None and rates.seconds > 0:
         counted, seconds = rates.counted, rates.seconds
         families.add("requests_per_second", model, counted.requests / seconds)
@@ -296,12 +297,11 @@ def _llm_families(
     families: _Families,
     name: str,
     state: collecting.ModelState,
-    now: float,
+    rates: scraping.ModelRates | None,
     objective: llm_recommending.LlmObjective | None,
 ) -> None:
     """What /status shows under `models.<m>.llm`, for a model served by an LLM engine."""
     model = [name]
-    rates = state.rates(now)
     measured = reports.LlmReport.from_rates(rates)
     if measured is None:
         return

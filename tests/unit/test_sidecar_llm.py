@@ -45,11 +45,17 @@ async def llm_report(url: str, query: str = "") -> dict[str, Any]:
     return report
 
 
-async def test_status_reports_the_step_fit_and_limits_for_the_callers_objectives() -> None:
+async def decoded_engine(**load: Any) -> collecting.Collector:
+    """A collector over one LLM engine that has run `decoded`'s load (its keywords)."""
     model = FakeModel(MODEL, engine=FakeEngine())
     clock = Clock()
     collector = make_collector(FakeTriton(model), clock)
-    await decoded(model, collector, clock)
+    await decoded(model, collector, clock, **load)
+    return collector
+
+
+async def test_status_reports_the_step_fit_and_limits_for_the_callers_objectives() -> None:
+    collector = await decoded_engine()
     async with serving_app(collector) as url:
         llm = await llm_report(url, "?ttftP95Ms=200&itlP95Ms=10")
 
@@ -85,10 +91,7 @@ async def test_status_reports_the_step_fit_and_limits_for_the_callers_objectives
 
 
 async def test_the_recommendation_extrapolates_no_further_than_twice_what_was_measured() -> None:
-    model = FakeModel(MODEL, engine=FakeEngine())
-    clock = Clock()
-    collector = make_collector(FakeTriton(model), clock)
-    await decoded(model, collector, clock, running_counts=(1, 2, 3, 4))
+    collector = await decoded_engine(running_counts=(1, 2, 3, 4))
     async with serving_app(collector) as url:
         llm = await llm_report(url, "?itlP95Ms=10")
     recommendation = llm["recommendation"]
@@ -104,10 +107,7 @@ async def test_the_recommendation_extrapolates_no_further_than_twice_what_was_me
 
 
 async def test_without_an_objective_the_fit_is_shown_and_the_limits_are_not() -> None:
-    model = FakeModel(MODEL, engine=FakeEngine())
-    clock = Clock()
-    collector = make_collector(FakeTriton(model), clock)
-    await decoded(model, collector, clock)
+    collector = await decoded_engine()
     async with serving_app(collector) as url:
         llm = await llm_report(url)
     assert llm["stepTime"]["status"] == "fitted"
@@ -116,10 +116,7 @@ async def test_without_an_objective_the_fit_is_shown_and_the_limits_are_not() ->
 
 
 async def test_too_few_running_counts_say_what_is_missing_instead_of_recommending() -> None:
-    model = FakeModel(MODEL, engine=FakeEngine())
-    clock = Clock()
-    collector = make_collector(FakeTriton(model), clock)
-    await decoded(model, collector, clock, running_counts=(4, 8))
+    collector = await decoded_engine(running_counts=(4, 8))
     async with serving_app(collector) as url:
         llm = await llm_report(url, "?itlP95Ms=10")
     assert llm["stepTime"]["status"] == "insufficient"
@@ -133,10 +130,7 @@ async def test_too_few_running_counts_say_what_is_missing_instead_of_recommendin
 
 
 async def test_the_sidecars_own_llm_objectives_are_the_default_and_the_query_overrides() -> None:
-    model = FakeModel(MODEL, engine=FakeEngine())
-    clock = Clock()
-    collector = make_collector(FakeTriton(model), clock)
-    await decoded(model, collector, clock)
+    collector = await decoded_engine()
     default = llm_recommending.LlmObjective(ttft_p95_ms=300, itl_p95_ms=8)
     async with serving_app(collector, default_llm_objective=default) as url:
         by_default = await llm_report(url)
@@ -154,10 +148,7 @@ async def test_the_sidecars_own_llm_objectives_are_the_default_and_the_query_ove
 
 
 async def test_metrics_export_what_the_status_shows_of_the_engine_for_its_objectives() -> None:
-    model = FakeModel(MODEL, engine=FakeEngine())
-    clock = Clock()
-    collector = make_collector(FakeTriton(model), clock)
-    await decoded(model, collector, clock)
+    collector = await decoded_engine()
     default = llm_recommending.LlmObjective(ttft_p95_ms=200, itl_p95_ms=10)
     async with serving_app(collector, default_llm_objective=default) as url:
         llm = await llm_report(url)
