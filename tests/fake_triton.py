@@ -32,6 +32,11 @@ class FakeEngine:
     generation_tokens: int = 0
     running: float = 0.0
     waiting: float = 0.0
+    counts_steps: bool = True
+    """Whether it exports `vllm:iteration_tokens_total` (one observation per engine step), as
+    NVIDIA's vLLM backend does."""
+    steps: float = 0.0
+    step_tokens: float = 0.0
 
     def answer(self, *, requests: int, ttft_s: float, tokens: int, gap_s: float) -> None:
         """`requests` answers of `tokens` tokens each: the first after `ttft_s`, the others
@@ -46,6 +51,8 @@ class FakeEngine:
         self.running = running
         self._gaps(tokens, step_ms / 1000)
         self.generation_tokens += tokens
+        self.steps += tokens / running
+        self.step_tokens += tokens
 
     def prompts(self, *, count: int, tokens_each: int, ttft_ms: float) -> None:
         """`count` prompts of `tokens_each` tokens, each first token `ttft_ms` after arrival."""
@@ -79,6 +86,14 @@ class FakeEngine:
                 le = "+Inf" if math.isinf(bound) else f"{bound}"
                 lines.append(f'{family}_bucket{{{labels},le="{le}"}} {buckets.get(bound, 0)}')
             found[family] = lines
+        if self.counts_steps:
+            family = "vllm:iteration_tokens_total"
+            found[family] = [
+                f"# TYPE {family} histogram",
+                f"{family}_count{{{labels}}} {self.steps}",
+                f"{family}_sum{{{labels}}} {self.step_tokens}",
+                f'{family}_bucket{{{labels},le="+Inf"}} {self.steps}',
+            ]
         for family, kind, value in (
             ("vllm:prompt_tokens_total", "counter", self.prompt_tokens),
             ("vllm:generation_tokens_total", "counter", self.generation_tokens),

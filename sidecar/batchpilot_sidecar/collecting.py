@@ -182,7 +182,7 @@ class ModelState:
         engine = rates.engine
         if engine is not None:
             found = self.decode_pool.add(
-                engine.inter_token,
+                engine,
                 seconds=rates.seconds,
                 max_running=self.config.max_num_seqs if self.config is not None else None,
             )

@@ -3,25 +3,28 @@
 
 An engine that batches continuously (vLLM) runs every sequence it holds in each step and gives
 each one token, so the time between two tokens of a sequence is one step, and the step's batch is
-the number of running sequences. Neither is reported per step: the engine exports the
-inter-token latency as a histogram, and its `running` gauge is set per step and read at any
-instant (here it read 0 on busy seconds, and readings a step apart differ by whole requests). So
-a span of collection intervals gives one sample from the histogram alone:
+the number of sequences that got a token in it. Neither is reported per step: the engine exports
+histograms and counters, and its `running` gauge is set per step and read at any instant (here it
+read 0 on busy seconds, and readings a step apart differ by whole requests). So a span of
+collection intervals gives one sample:
 
-- the mean step is the mean gap between tokens: the increase of the histogram's sum over the
-  increase of its count;
-- the mean number of sequences running is the increase of the sum over the span's length
-  (Little's law: each running sequence spends all of its time in some gap between two of its
-  tokens, so the gaps' total time over the span is the time-averaged number of sequences
-  running in it).
+- the mean step is the mean gap between tokens: the increase of the inter-token histogram's sum
+  over the increase of its count;
+- the mean number of sequences a step ran is the tokens generated over the steps taken: the
+  increase of `vllm:generation_tokens_total` over that of the count of
+  `vllm:iteration_tokens_total` (a histogram with one observation per engine step, which
+  NVIDIA's vLLM backend exports).
 
-Little's law holds over a span only if the gaps recorded in it are the gaps that lay in it, and
-the engine's statistics reach Triton's metrics in bunches: a gap is recorded whole when it ends,
-and under CPU contention several seconds of statistics land at once (a 0.5-s interval read 94
-sequences running on an engine that runs at most 16). So a sample pools consecutive intervals
-(`Pool`) until they span `SAMPLE_SECONDS`, over which the bunches mostly even out, and where the
-engine's limit is known (vLLM's `max_num_seqs`) a sample's running count is clamped to it: what
-overshoots it is late statistics, not sequences.
+Both are measured on the engine's clock and recorded together, step by step, so a sample is right
+however late the statistics reach Triton's metrics: they arrive in bunches (the engine's front
+end, which records them, starves for seconds on a busy CPU; here a 16-sequence burst's 5 s of
+statistics landed in one 0.7-s bunch). An engine that does not count its steps falls back on
+Little's law: the gaps' total time over the span's length is the time-averaged number of
+sequences running in it, which holds only if the gaps recorded in the span are the gaps that lay
+in it. For that fallback a sample pools consecutive intervals (`Pool`) until they span
+`SAMPLE_SECONDS`, over which the bunches mostly even out, and where the engine's limit is known
+(vLLM's `max_num_seqs`) a sample's running count is clamped to it: what overshoots it is late
+statistics, not sequences.
 
 The samples of the fit window are fitted by the classic step-time fit (`steptimes.fit`: per
 running count, rounded, a weighted median, then a robust power-law fit), each weighted by the
@@ -29,10 +32,9 @@ tokens behind it.
 
 What a sample's step is: the mean gap between tokens at that load, steps that also carried prompt
 chunks (chunked prefill) included, so the curve describes the engine under the mix of prompts
-and decodes it served, not a pure decode step. A span in which the engine sat idle part of the
-time (idle intervals count towards it) gives the average over the whole span, so a light,
-bursty load reads as fewer sequences than ran together; the robust fit discounts samples that
-disagree with the rest.
+and decodes it served, not a pure decode step. A sample whose steps ran different batches (a
+load that changed within the span) gives their token-weighted mean step against their mean
+batch; the robust fit discounts samples that disagree with the rest.
 """
 
 from __future__ import annotations
@@ -51,10 +53,10 @@ MIN_TOKENS = 16
 """Inter-token gaps measured at one running count before it counts as seen."""
 NAMED = "running-sequence counts"
 SAMPLE_SECONDS = 2.0
-"""The shortest span of consecutive collection intervals a sample covers. The engine's
-statistics reach Triton in bunches, so over a short interval a bunch reads as more sequences
-than the engine holds; over a few seconds the bunches mostly even out, and the default 10-minute
-fit window still holds 300 samples."""
+"""The shortest span of consecutive collection intervals a sample covers. Without step counts
+the engine's statistics, which reach Triton in bunches, read over a short interval as more
+sequences than the engine holds; over a few seconds the bunches mostly even out. The default
+10-minute fit window still holds 300 samples."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,7 +64,8 @@ class Sample:
     """One span of collection intervals of an LLM engine."""
 
     running: float
-    """Mean running sequences over the span."""
+    """The sequences a step of the span ran on average (tokens generated per step), or, for an
+    engine that does not count its steps, the mean running over the span."""
     tokens: int
     """Inter-token gaps the engine measured in the span."""
     mean_ms: float
@@ -76,14 +79,16 @@ class Sample:
 
 
 def sample(
-    inter_token: engine_metrics.Histogram, *, seconds: float, max_running: int | None = None
+    engine: engine_metrics.EngineCounts, *, seconds: float, max_running: int | None = None
 ) -> Sample | None:
     """The sample of a span of `seconds`, its running count at most `max_running` (the engine's
     limit, when known); None when the engine measured no inter-token gap in it."""
+    inter_token = engine.inter_token
     tokens = round(inter_token.count)
     if tokens <= 0 or inter_token.total < 0 or seconds <= 0:
         return None
-    running = inter_token.total / seconds
+    steps = engine.iteration_tokens.count
+    running = engine.generation_tokens / steps if steps > 0 else inter_token.total / seconds
     return Sample(
         running=running if max_running is None else min(running, max_running),
         tokens=tokens,
@@ -96,12 +101,12 @@ class Pool:
     `SAMPLE_SECONDS`."""
 
     def __init__(self) -> None:
-        self.inter_token = engine_metrics.Histogram()
+        self.engine = engine_metrics.EngineCounts()
         self.seconds = 0.0
 
     def add(
         self,
-        inter_token: engine_metrics.Histogram,
+        engine: engine_metrics.EngineCounts,
         *,
         seconds: float,
         max_running: int | None = None,
@@ -109,12 +114,12 @@ class Pool:
         """Add an interval of `seconds`, idle or not. Once the pool spans `SAMPLE_SECONDS`, its
         sample (None if the engine measured no gap in it) and the pool starts over; until then
         None."""
-        self.inter_token += inter_token
+        self.engine += engine
         self.seconds += seconds
         if self.seconds < SAMPLE_SECONDS:
             return None
-        found = sample(self.inter_token, seconds=self.seconds, max_running=max_running)
-        self.inter_token, self.seconds = engine_metrics.Histogram(), 0.0
+        found = sample(self.engine, seconds=self.seconds, max_running=max_running)
+        self.engine, self.seconds = engine_metrics.EngineCounts(), 0.0
         return found
 
 

@@ -1,11 +1,11 @@
 """An LLM engine's own metrics on Triton's metrics page, and what they say over a window.
 
 Triton's vLLM backend (with the config parameter `REPORT_CUSTOM_METRICS`) exports vLLM's
-statistics beside Triton's, measured inside the engine: time to first token and the time between
-tokens as histograms, tokens generated as counters, running and waiting requests and KV-cache use
-as gauges. Over a window the histograms' increases give TTFT and inter-token quantiles the way
-PromQL's `histogram_quantile(rate(...))` does, series by series, so a reload's fresh series count
-from zero like any other counter.
+statistics beside Triton's, measured inside the engine: time to first token, the time between
+tokens and the tokens of each engine step as histograms, tokens generated as counters, running
+and waiting requests and KV-cache use as gauges. Over a window the histograms' increases give TTFT
+and inter-token quantiles the way PromQL's `histogram_quantile(rate(...))` does, series by series,
+so a reload's fresh series count from zero like any other counter.
 """
 
 from __future__ import annotations
@@ -16,13 +16,15 @@ from dataclasses import dataclass, field
 
 TTFT_SECONDS = "vllm:time_to_first_token_seconds"
 ITL_SECONDS = "vllm:inter_token_latency_seconds"
+ITERATION_TOKENS = "vllm:iteration_tokens_total"
+"""Tokens per engine step, a histogram (despite its name): its count is the engine's steps."""
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
 
-HISTOGRAMS = (TTFT_SECONDS, ITL_SECONDS)
+HISTOGRAMS = (TTFT_SECONDS, ITL_SECONDS, ITERATION_TOKENS)
 COUNTERS = (GENERATION_TOKENS, PROMPT_TOKENS)
 GAUGES = (RUNNING, WAITING, KV_CACHE_USAGE)
 
@@ -67,6 +69,7 @@ class EngineCounts:
 
     time_to_first_token: Histogram = field(default_factory=Histogram)
     inter_token: Histogram = field(default_factory=Histogram)
+    iteration_tokens: Histogram = field(default_factory=Histogram)
     generation_tokens: float = 0.0
     prompt_tokens: float = 0.0
     running: float = 0.0
@@ -78,6 +81,7 @@ class EngineCounts:
         return EngineCounts(
             self.time_to_first_token + later.time_to_first_token,
             self.inter_token + later.inter_token,
+            self.iteration_tokens + later.iteration_tokens,
             self.generation_tokens + later.generation_tokens,
             self.prompt_tokens + later.prompt_tokens,
             later.running,
@@ -136,6 +140,7 @@ def engine_counts(
         model: EngineCounts(
             time_to_first_token=histogram(model, TTFT_SECONDS),
             inter_token=histogram(model, ITL_SECONDS),
+            iteration_tokens=histogram(model, ITERATION_TOKENS),
             generation_tokens=sums.get((model, GENERATION_TOKENS, ""), 0.0),
             prompt_tokens=sums.get((model, PROMPT_TOKENS, ""), 0.0),
             running=latest.get((model, RUNNING), 0.0),

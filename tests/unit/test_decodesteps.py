@@ -1,6 +1,7 @@
-"""The LLM step-time fit: an engine's inter-token latency against its running sequences, per
-span of at least two seconds of collection intervals, capped at the engine's limit, fitted by
-the classic step-time fit; gaps named instead of guessed."""
+"""The LLM step-time fit: an engine's inter-token latency against the sequences its steps ran
+(from its step counts, or by Little's law where it has none), per span of at least two seconds
+of collection intervals, capped at the engine's limit, fitted by the classic step-time fit;
+gaps named instead of guessed."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 from batchpilot_sidecar import decodesteps, steptimes
-from batchpilot_triton.engine_metrics import Histogram
+from batchpilot_triton.engine_metrics import EngineCounts, Histogram
 
 TRUTH = steptimes.StepTimeModel(t0_ms=3.0, c_ms=0.4, alpha=0.8)
 COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -34,29 +35,48 @@ def samples(
     return found
 
 
-def test_an_interval_pairs_the_mean_gap_with_the_sequences_its_gaps_add_up_to() -> None:
+def gaps(count: float, seconds: float) -> EngineCounts:
+    """An interval of an engine that does not count its steps: `count` gaps between tokens,
+    `seconds` in all."""
+    return EngineCounts(inter_token=Histogram({float("inf"): count}, count, seconds))
+
+
+def stepped(*, steps: float, running: float, step_ms: float) -> EngineCounts:
+    """An interval of an engine that counts its steps (`vllm:iteration_tokens_total`): `steps`
+    steps of `step_ms`, each giving a token to `running` sequences."""
+    tokens = steps * running
+    return EngineCounts(
+        inter_token=Histogram({float("inf"): tokens}, tokens, tokens * step_ms / 1000),
+        iteration_tokens=Histogram({float("inf"): steps}, steps, tokens),
+        generation_tokens=tokens,
+    )
+
+
+def test_an_interval_pairs_the_mean_gap_with_the_tokens_a_step_generated() -> None:
+    # 25 steps of 6 ms, 8 sequences each: 200 gaps of 6 ms, 8 tokens a step.
+    found = decodesteps.sample(stepped(steps=25, running=8, step_ms=6.0), seconds=0.15)
+    assert found == decodesteps.Sample(
+        running=pytest.approx(8.0), tokens=200, mean_ms=pytest.approx(6.0)
+    )
+
+
+def test_without_step_counts_the_running_sequences_are_the_gaps_time_over_the_span() -> None:
     # 200 gaps of 6 ms in 0.15 s: 1.2 s of gaps, so 8 sequences ran on average (Little's law).
-    histogram = Histogram({float("inf"): 200.0}, 200.0, 1.2)
-    found = decodesteps.sample(histogram, seconds=0.15)
+    found = decodesteps.sample(gaps(200, 1.2), seconds=0.15)
     assert found == decodesteps.Sample(
         running=pytest.approx(8.0), tokens=200, mean_ms=pytest.approx(6.0)
     )
 
 
 def test_an_interval_without_gaps_is_no_sample() -> None:
-    assert decodesteps.sample(Histogram(), seconds=1.0) is None
-    assert decodesteps.sample(Histogram({float("inf"): 2.0}, 2.0, 0.01), seconds=0.0) is None
-
-
-def gaps(count: float, seconds: float) -> Histogram:
-    """An interval's gaps between tokens: `count` of them, `seconds` in all."""
-    return Histogram({float("inf"): count}, count, seconds)
+    assert decodesteps.sample(EngineCounts(), seconds=1.0) is None
+    assert decodesteps.sample(gaps(2.0, 0.01), seconds=0.0) is None
 
 
 def test_a_pool_gives_one_sample_per_two_seconds_of_intervals_with_their_gaps_summed() -> None:
     pool = decodesteps.Pool()
     # Half-second intervals, one idle: 800 gaps, 6 s of them, in 2 s.
-    intervals = [gaps(400, 2.0), gaps(300, 3.0), Histogram(), gaps(100, 1.0)]
+    intervals = [gaps(400, 2.0), gaps(300, 3.0), EngineCounts(), gaps(100, 1.0)]
     found = [pool.add(interval, seconds=0.5) for interval in intervals]
     assert found[:3] == [None, None, None]
     assert found[3] == decodesteps.Sample(
@@ -77,14 +97,20 @@ def test_an_interval_as_long_as_the_span_is_a_sample_of_its_own() -> None:
 
 def test_two_idle_seconds_are_no_sample_and_do_not_dilute_the_next() -> None:
     pool = decodesteps.Pool()
-    assert [pool.add(Histogram(), seconds=0.5) for _ in range(4)] == [None] * 4
+    assert [pool.add(EngineCounts(), seconds=0.5) for _ in range(4)] == [None] * 4
     found = [pool.add(gaps(400, 4.0), seconds=0.5) for _ in range(4)]
     assert found[3] == decodesteps.Sample(running=8.0, tokens=1600, mean_ms=10.0)
 
 
-def test_statistics_that_arrive_in_a_bunch_read_as_the_sequences_that_ran_over_the_span() -> None:
-    # 8 sequences at 10 ms a step for 2 s are 16 s of gaps; most of them reach Triton at once.
-    bunched = [gaps(100, 1.0), Histogram(), gaps(100, 1.0), gaps(1400, 14.0)]
+def test_statistics_that_arrive_in_a_bunch_read_as_the_sequences_that_ran() -> None:
+    # 8 sequences at 10 ms a step for 2 s are 200 steps and 16 s of gaps; most of them reach
+    # Triton at once. Counted steps say 8 whenever they land.
+    counted = [stepped(steps=s, running=8, step_ms=10.0) for s in (12.5, 0, 12.5, 175)]
+    assert decodesteps.sample(counted[-1], seconds=0.5) == decodesteps.Sample(
+        running=pytest.approx(8.0), tokens=1400, mean_ms=pytest.approx(10.0)
+    )
+    # Without step counts the bunch alone reads 28; two seconds pooled even it out.
+    bunched = [gaps(100, 1.0), EngineCounts(), gaps(100, 1.0), gaps(1400, 14.0)]
     assert decodesteps.sample(bunched[-1], seconds=0.5) == decodesteps.Sample(
         running=pytest.approx(28.0), tokens=1400, mean_ms=pytest.approx(10.0)
     )
@@ -92,6 +118,16 @@ def test_statistics_that_arrive_in_a_bunch_read_as_the_sequences_that_ran_over_t
     (found,) = [s for s in (pool.add(interval, seconds=0.5) for interval in bunched) if s]
     assert found.running == pytest.approx(8.0)
     assert found.mean_ms == pytest.approx(10.0)
+
+
+def test_a_burst_whose_statistics_land_after_it_reads_its_size_from_counted_steps() -> None:
+    # 16 sequences for 4 s at 10 ms a step, then idle; every statistic lands in the last 0.5 s.
+    pool = decodesteps.Pool()
+    intervals = [EngineCounts()] * 7 + [stepped(steps=400, running=16, step_ms=10.0)]
+    found = [s for s in (pool.add(interval, seconds=0.5) for interval in intervals) if s]
+    assert found == [
+        decodesteps.Sample(running=pytest.approx(16.0), tokens=6400, mean_ms=pytest.approx(10.0))
+    ]
 
 
 def test_the_running_count_is_clamped_to_the_engine_s_limit_when_it_is_known() -> None:

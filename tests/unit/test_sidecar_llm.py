@@ -253,11 +253,16 @@ async def test_half_second_readings_make_a_sample_every_two_seconds() -> None:
     )
 
 
-@pytest.mark.parametrize(("applied", "running"), [(None, 32.0), ({"max_num_seqs": 16}, 16.0)])
+@pytest.mark.parametrize(
+    ("counts_steps", "applied", "running"),
+    [(False, None, 32.0), (False, {"max_num_seqs": 16}, 16.0), (True, None, 16.0)],
+)
 async def test_statistics_of_four_seconds_in_two_read_at_most_the_engine_s_max_num_seqs(
-    applied: dict[str, Any] | None, running: float
+    counts_steps: bool, applied: dict[str, Any] | None, running: float
 ) -> None:
-    engine = FakeEngine()
+    """Late statistics: an engine that counts its steps says how many sequences each ran;
+    one that does not reads as more by Little's law, up to the limit the sidecar knows."""
+    engine = FakeEngine(counts_steps=counts_steps)
     model = FakeModel(MODEL, engine=engine, engine_arguments=applied)
     clock = Clock()
     collector = make_collector(FakeTriton(model), clock, interval=0.5)

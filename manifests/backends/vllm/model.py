@@ -47,6 +47,8 @@ _TTFT_BUCKETS = [
     *(1.0, 1.5, 2.0, 3.0, 5.0, 10.0),
 ]
 _ITL_BUCKETS = [0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5, 1.0]
+# NVIDIA's backend's buckets for the tokens of an engine step.
+_ITERATION_TOKEN_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 
 
 class _EngineMetrics:
@@ -72,6 +74,11 @@ class _EngineMetrics:
             description="Time between two consecutive tokens of one request, in the engine.",
             kind=kinds.HISTOGRAM,
         ).Metric(labels=labels, buckets=_ITL_BUCKETS)
+        self.iteration_tokens = family(
+            name="vllm:iteration_tokens_total",
+            description="Tokens (prompt and generated) of each engine step.",
+            kind=kinds.HISTOGRAM,
+        ).Metric(labels=labels, buckets=_ITERATION_TOKEN_BUCKETS)
         self.generation_tokens = family(
             name="vllm:generation_tokens_total",
             description="Output tokens generated.",
@@ -125,6 +132,9 @@ class _EngineMetrics:
                     metrics.waiting.set(scheduler_stats.num_waiting_reqs)
                     metrics.kv_cache_usage.set(scheduler_stats.kv_cache_usage)
                 if iteration_stats is not None:
+                    metrics.iteration_tokens.observe(
+                        iteration_stats.num_prompt_tokens + iteration_stats.num_generation_tokens
+                    )
                     for seconds in iteration_stats.time_to_first_tokens_iter:
                         metrics.ttft.observe(seconds)
                     for seconds in iteration_stats.inter_token_latencies_iter:
