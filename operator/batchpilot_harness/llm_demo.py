@@ -180,7 +180,6 @@ async def run(*, short: bool, out: TextIO = sys.stdout) -> int:
         repository = llm_models.write_repository(Path(work))
         out.write("Starting tritonserver (CPU) with a vLLM engine serving tiny_llm ...\n")
         with llm_models.server(repository, run_directory=Path(work) / "run") as triton:
-            triton.wait_ready(300)
             now = datetime.datetime.now(datetime.UTC)
             # Far enough ahead for the first apply and the lead time.
             window_opens = (now + datetime.timedelta(seconds=150 if short else 210)).replace(

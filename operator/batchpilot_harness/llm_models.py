@@ -29,6 +29,8 @@ ENGINE_ARGUMENTS_FILE = "model.json"
 
 ENGINE_KVCACHE_GIB = 1
 """The KV cache each CPU engine reserves (VLLM_CPU_KVCACHE_SPACE)."""
+READY_SECONDS = 300.0
+"""How long a server waits for its engine: 15-30 s on an idle machine, minutes on a busy one."""
 
 
 def base_engine_arguments() -> dict[str, Any]:
@@ -65,6 +67,7 @@ def server(
     """A LocalTriton serving `tiny_llm` from `repository` with the vLLM environment (built
     first if it is not cached yet)."""
     environment = llm_env.build()
+    options.setdefault("ready_timeout", READY_SECONDS)
     return local_triton.LocalTriton(
         model_repository=repository,
         models=[LLM_MODEL],

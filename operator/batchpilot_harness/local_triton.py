@@ -304,6 +304,7 @@ class LocalTriton:
         distribution: TritonDistribution | None = None,
         interpreter: Path | None = None,
         python_backends: Mapping[str, Path] | None = None,
+        ready_timeout: float = 60.0,
     ) -> None:
         self.model_repository = model_repository.resolve()
         self.models = tuple(models)
@@ -318,6 +319,8 @@ class LocalTriton:
         the same Python version as this one: the stub is chosen for it."""
         self.python_backends = dict(python_backends or {})
         """Python-based backends the server offers, by name: directories holding `model.py`."""
+        self.ready_timeout = ready_timeout
+        """How long `wait_ready()`, and so a with-block, waits for the server by default."""
         self._requested_ports = (http_port, grpc_port, metrics_port)
         self._requested_run_directory = run_directory
         self._log_to_console = log_to_console
@@ -443,10 +446,12 @@ class LocalTriton:
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             return False
 
-    def wait_ready(self, timeout: float = 60.0) -> float:
-        """Wait until the server and its start-up models are ready; return the start-up time."""
+    def wait_ready(self, timeout: float | None = None) -> float:
+        """Wait until the server and its start-up models are ready (at most `timeout` seconds,
+        `ready_timeout` by default); return the start-up time."""
         process = self._require_process()
         assert self._started_at is not None
+        timeout = self.ready_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         while True:
             status = _exit_status(process.pid)

@@ -455,7 +455,6 @@ async def benchmark(shape: Shape, sweep: Sequence[str], work: Path) -> list[Run]
     profile the last one ended on needs no reload (one takes about 40 s on these CPUs)."""
     repository = llm_models.write_repository(work)
     with llm_models.server(repository, run_directory=work / "run") as server:
-        server.wait_ready(300)
         reload_seconds = await apply(server, "interactive")
         # A bulk window that starts this much before the close: the reload just seen, with a
         # margin.
