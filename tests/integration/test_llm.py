@@ -245,18 +245,14 @@ def model_status(url: str, query: str) -> dict[str, Any]:
 
 async def fitted_after(url: str, query: str, loaded_until: float) -> dict[str, Any]:
     """The sidecar's report once its step-time fit has taken in every sample of a load that
-    ended at `loaded_until` (it refits every few seconds, and its last sample waits for its
-    2-s span to end: two spans after the load, it has)."""
+    ended at `loaded_until`: two 2-s spans after it the last sample has been taken, and the fit
+    is up to date once it has been refitted with it (every few seconds)."""
+    await asyncio.sleep(max(0.0, loaded_until + 2 * decodesteps.SAMPLE_SECONDS - time.monotonic()))
     deadline = time.monotonic() + 30
     while True:
         report = await asyncio.to_thread(model_status, url, query)
         fit = report["llm"]["stepTime"]
-        fitted_ago = fit.get("fittedAgoSeconds")
-        if (
-            fit["upToDate"]
-            and fitted_ago is not None
-            and time.monotonic() - fitted_ago > loaded_until + 2 * decodesteps.SAMPLE_SECONDS
-        ):
+        if fit["upToDate"]:
             return report
         assert time.monotonic() < deadline, f"the fit never took in the load: {fit}"
         await asyncio.sleep(0.5)
