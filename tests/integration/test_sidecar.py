@@ -107,6 +107,30 @@ async def steady_load(server: local_triton.LocalTriton, seconds: float) -> loadg
     return result.summary()
 
 
+@dataclass(frozen=True)
+class Measured:
+    """A steady load, and the mean time its requests spent in Triton's queue as Triton counts
+    it: the part of the latency that the queue delay decides."""
+
+    load: loadgen.LoadSummary
+    mean_queue_ms: float
+
+
+async def queue_counts(server: local_triton.LocalTriton) -> tuple[int, int]:
+    async with servers.TritonServer(server.http_url) as triton:
+        (stats,) = await triton.statistics(GPU_SIM)
+    queue = stats["inference_stats"]["queue"]
+    return int(queue["count"]), int(queue["ns"])
+
+
+async def measured_load(server: local_triton.LocalTriton, seconds: float) -> Measured:
+    count, ns = await queue_counts(server)
+    load = await steady_load(server, seconds)
+    count_after, ns_after = await queue_counts(server)
+    assert count_after > count
+    return Measured(load=load, mean_queue_ms=(ns_after - ns) / (count_after - count) / 1e6)
+
+
 async def apply(server: local_triton.LocalTriton, profile: dict[str, Any], name: str) -> None:
     async with servers.TritonServer(server.http_url) as triton:
         settings = rendering.render(specs.Profile.model_validate(profile))
@@ -249,7 +273,7 @@ async def test_the_recommended_delay_meets_the_slo_where_static_bulk_does_not(
         static_report = await static_runner.tick()
         assert static_report.outcomes[0].state == "Updated"
         assert delay_of(static_report) == STATIC_DELAY_US
-        static = await steady_load(server, MEASURE_SECONDS)
+        static = await measured_load(server, MEASURE_SECONDS)
 
         # Autotune reads the sidecar while the load runs, as it would in production; the
         # reload it causes falls outside the measured run.
@@ -260,7 +284,7 @@ async def test_the_recommended_delay_meets_the_slo_where_static_bulk_does_not(
         recommended = tuned_report.reading.signals.metrics["recommendedQueueDelayMicroseconds"]
         tuned_delay = delay_of(tuned_report)
         assert tuned_report.outcomes[0].reloads == 1
-        tuned = await steady_load(server, MEASURE_SECONDS)
+        tuned = await measured_load(server, MEASURE_SECONDS)
         status = get_json(f"{calibration.sidecar_url}/status?sloP95Ms={SLO_P95_MS:g}")
     finally:
         await close(static_runner)
@@ -269,27 +293,28 @@ async def test_the_recommended_delay_meets_the_slo_where_static_bulk_does_not(
     delay = status["models"][GPU_SIM]["recommendation"]["queueDelay"]
     print(
         f"\nSLO p95 {SLO_P95_MS:g} ms at {RATE:g} req/s: static bulk (100 ms delay) p95 "
-        f"{static.latency_p95_ms:.1f} ms; recommended delay {recommended:.0f} us (applied "
-        f"{tuned_delay} us, expected batch {delay['expectedBatchSize']:.1f}) p95 "
-        f"{tuned.latency_p95_ms:.1f} ms; p50 {static.latency_p50_ms:.1f} -> "
-        f"{tuned.latency_p50_ms:.1f} ms"
+        f"{static.load.latency_p95_ms:.1f} ms, {static.mean_queue_ms:.1f} ms queued; recommended "
+        f"delay {recommended:.0f} us (applied {tuned_delay} us, expected batch "
+        f"{delay['expectedBatchSize']:.1f}) p95 {tuned.load.latency_p95_ms:.1f} ms, "
+        f"{tuned.mean_queue_ms:.1f} ms queued; p50 {static.load.latency_p50_ms:.1f} -> "
+        f"{tuned.load.latency_p50_ms:.1f} ms"
     )
-    assert static.failed == tuned.failed == 0
+    assert static.load.failed == tuned.load.failed == 0
     assert tuned_delay == round(recommended)
     # What the recommendation promises: its delay, the fitted step of the batch it expects and
     # the margin add up to the objective.
     assert delay["meetsObjective"]
     planned_ms = delay["microseconds"] / 1000 + delay["stepMs"] + delay["marginMs"]
     assert planned_ms == pytest.approx(SLO_P95_MS, abs=1.0)
-    # What the server does with it, side by side in one run: the static delay alone is past the
-    # objective, and the delay the recommendation removed comes off the p95 (at least half of
-    # it; the rest of the latency is the step and this machine's load, which decide whether the
-    # p95 itself lands within the objective: printed above, not asserted).
-    assert static.latency_p95_ms is not None
-    assert tuned.latency_p95_ms is not None
-    assert static.latency_p95_ms > SLO_P95_MS
+    # What the server does with it: the static delay alone is past the objective, and the time
+    # requests wait in Triton's queue, which the delay decides, shrinks with it (a request waits
+    # about half the delay on average, so about half of the delay removed comes off; the test
+    # asks for a quarter). Whether the client's p95 lands within the objective also depends on
+    # how busy this machine is: printed above, not asserted.
+    assert static.load.latency_p95_ms is not None
+    assert static.load.latency_p95_ms > SLO_P95_MS
     removed_ms = (STATIC_DELAY_US - tuned_delay) / 1000
-    assert static.latency_p95_ms - tuned.latency_p95_ms >= 0.5 * removed_ms
+    assert tuned.mean_queue_ms <= static.mean_queue_ms - 0.25 * removed_ms
 
 
 @pytest.mark.timeout(150)
