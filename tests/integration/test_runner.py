@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import datetime
+import functools
 from pathlib import Path
 
 import pytest
 
 from batchpilot import running, telemetry
+from batchpilot.applying import backoffs
 from batchpilot.signals import sources
 from batchpilot_harness import demo_models, local_triton
 from batchpilot_triton import modelconfigs, servers
@@ -81,8 +83,11 @@ async def test_restarted_triton_is_brought_back_within_one_tick(tmp_path: Path) 
 
 @pytest.mark.timeout(60)
 async def test_one_unreachable_server_backs_off_and_does_not_hold_up_the_others(
-    triton_server: TritonFactory,
+    triton_server: TritonFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # A backoff longer than any tick, so that the second tick falls within it however slowly a
+    # loaded machine runs the first (a 1-s backoff ran out during it in 2 of 3 runs).
+    monkeypatch.setattr(backoffs, "Backoff", functools.partial(backoffs.Backoff, first=60.0))
     live = triton_server(demo_models.GPU_SIM)
     (dead_port,) = local_triton.free_ports("127.0.0.1", 1)
     dead = f"http://127.0.0.1:{dead_port}"
