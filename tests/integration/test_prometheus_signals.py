@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+import urllib.request
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 import pytest
 from aiohttp import web
 
 from batchpilot.signals import prometheus
 from batchpilot_harness import demo_models, loadgen, local_triton
+from batchpilot_triton import engine_metrics
 from fake_triton import FakeEngine, FakeModel, FakeTriton
 from prometheus_fixtures import ScrapeTarget, StartPrometheus
 from triton_fixtures import TritonFactory
@@ -88,6 +91,21 @@ async def steady_engine(
         await runner.cleanup()
 
 
+async def full_window(url: str, metric: str, *, seconds: int, series: int) -> None:
+    """Wait until each of `series` series of `metric` is older than `seconds`: at a 1-s scrape
+    interval, `seconds + 2` samples in twice that span (a missed scrape only delays it)."""
+    query = urlencode({"query": f"count_over_time({metric}[{2 * seconds}s]) >= {seconds + 2}"})
+
+    def complete() -> bool:
+        with urllib.request.urlopen(f"{url}/api/v1/query?{query}", timeout=5) as response:
+            return len(json.loads(response.read())["data"]["result"]) == series
+
+    deadline = time.monotonic() + 30
+    while not await asyncio.to_thread(complete):
+        assert time.monotonic() < deadline, f"Prometheus never held {seconds}s of {metric}"
+        await asyncio.sleep(0.5)
+
+
 @pytest.mark.timeout(60)
 async def test_prometheus_source_reads_llm_engines_worst_p95s_and_summed_tokens_and_queue(
     prometheus_server: StartPrometheus,
@@ -115,7 +133,10 @@ async def test_prometheus_source_reads_llm_engines_worst_p95s_and_summed_tokens_
         while not wanted <= set(reading.signals.metrics) and time.monotonic() < deadline:
             await asyncio.sleep(1)
             reading = await source.read()
-        await asyncio.sleep(2)  # a few more scrapes, so the rate's window is full
+        # The rate is only the engines' once Prometheus holds a whole window of their counter:
+        # a series younger than the window is extrapolated only half a scrape back, and read
+        # too early on a loaded machine it gave 164 tokens/s for 250.
+        await full_window(promserver.url, engine_metrics.GENERATION_TOKENS, seconds=5, series=2)
         reading = await source.read()
         await source.close()
     assert reading.problems == ()
