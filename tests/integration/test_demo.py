@@ -25,8 +25,8 @@ def test_short_demo_runs_to_completion_and_applies_both_profiles() -> None:
     assert "profiles applied: bulk, interactive" in output
     switches = re.search(r"^switches: (.*)$", output, re.MULTILINE)
     assert switches is not None, output
-    assert "(load)" in switches.group(1), "the burst switches to bulk by the load rule"
-    assert "(schedule)" in switches.group(1), "the window switches to bulk by the clock"
+    assert "(load)" in switches.group(1), f"the burst switches to bulk by the load rule: {output}"
+    assert "(schedule)" in switches.group(1), f"the window switches to bulk by the clock: {output}"
     summary = re.search(r"^all requests: (\d+)/(\d+) ok, (\d+) failed", output, re.MULTILINE)
     assert summary is not None, output
     assert summary.group(3) == "0"
