@@ -1,0 +1,243 @@
+"""Whatever raises during a Pod's switch, the Pod ends serving a known configuration with its
+readiness gate open, or with its gate closed and a reason and message that say why: never out
+of its Services silently, and never a policy whose every pass raises.
+
+Every exception type is injected at every step of a switch (the survey, the check, the drain,
+reading the served configuration, the unload, the wait for it, the load, a load whose answer
+is lost, the verification), once or for good, through the real rollout, fleet and actuator down
+to a scripted Triton; and at the boundaries the rollout owns (the fleet's apply, the gate
+writes) with the fakes of the Kubernetes side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+from aiohttp import web
+from operator_fakes import (
+    SWITCH_STEPS,
+    FakeFleet,
+    FakeGates,
+    FakeServer,
+    ScriptedTriton,
+    target,
+)
+
+import web_apps
+from batchpilot.applying import actuators, fleets, overrides, rollouts
+from batchpilot.applying.replicas import Replica
+from batchpilot.policy import rendering, specs
+from batchpilot_triton import modelconfigs, servers
+
+URL = "http://10.88.0.1:8000"
+PROFILE = specs.Profile.model_validate({"maxQueueDelayMicroseconds": 2000})
+FAULTS: dict[str, Callable[[], BaseException]] = {
+    "ValueError": lambda: ValueError("injected"),
+    "AttributeError": lambda: AttributeError("injected"),
+    "KeyError": lambda: KeyError("injected"),
+    "TypeError": lambda: TypeError("injected"),
+    "TimeoutError": lambda: TimeoutError("injected"),
+    "RuntimeError": lambda: RuntimeError("injected"),
+    "Unreachable": lambda: servers.Unreachable(URL, "injected"),
+    "TritonError": lambda: servers.TritonError(URL, "injected"),
+    "LoadRejected": lambda: servers.LoadRejected(URL, "injected"),
+    "ModelUnavailable": lambda: servers.ModelUnavailable(URL, "injected"),
+    "ExplicitModeRequired": lambda: servers.ExplicitModeRequired(URL, "injected"),
+    "ProfileRefused": lambda: overrides.ProfileRefused("injected"),
+}
+
+
+def plan() -> rollouts.Plan:
+    return rollouts.Plan(
+        namespace="ns",
+        profile="interactive",
+        settings=rendering.render(PROFILE),
+        rollout=specs.Rollout.model_validate({"unloadBeforeLoad": True, "verifyTimeoutSeconds": 5}),
+        settle_seconds=0.5,
+    )
+
+
+def pod(gates: FakeGates) -> Replica:
+    """The Pod, its gate as the last write left it."""
+    gate = "True" if not gates.changes or gates.changes[-1][1] else "False"
+    return target("triton-0", gated=True, gate=gate)
+
+
+async def roll_out(fleet: rollouts.Fleet, gates: FakeGates) -> rollouts.Result:
+    replicas = [pod(gates)]
+    found = await rollouts.survey(replicas, ["gpu_sim"], fleet)
+    return await rollouts.roll_out(replicas, found, plan(), fleet, gates)
+
+
+def triton_fleet(server: ScriptedTriton) -> fleets.TritonFleet:
+    fleet = fleets.TritonFleet(clock=asyncio.get_running_loop().time)
+    fleet.adopt(server)
+    return fleet
+
+
+def assert_known_or_said(server: ScriptedTriton, gates: FakeGates, result: rollouts.Result) -> None:
+    """The guarantee: back in its Services serving a known configuration, or out of them with
+    a gate that says why."""
+    outcome = result.outcomes[0]
+    if not gates.changes or gates.changes[-1][1]:
+        assert server.served is not None, "in its Services with the model unloaded"
+        if server.profile == "interactive":
+            assert server.served["dynamic_batching"]["max_queue_delay_microseconds"] == 2000
+            assert outcome.state == "Updated"
+        else:
+            assert server.served == server.repository_config
+            assert outcome.state != "Updated"
+    else:
+        _, _, reason = gates.changes[-1]
+        assert reason != "Switching", "out of its Services, the gate saying nothing of why"
+        # It names the fault, or what the fault led to (a model that never came back).
+        named = "injected" if reason != "RollbackFailed" else "ROLLBACK FAILED"
+        assert named in gates.messages[-1]
+        assert outcome.state != "Updated"
+        assert named in outcome.message
+
+
+@pytest.mark.looptime
+@pytest.mark.parametrize("sticky", [False, True], ids=["once", "for-good"])
+@pytest.mark.parametrize("fault", list(FAULTS), ids=list(FAULTS))
+@pytest.mark.parametrize("step", SWITCH_STEPS)
+async def test_a_fault_at_any_step_leaves_the_pod_serving_a_known_config_or_saying_why(
+    step: str, fault: str, sticky: bool
+) -> None:
+    server = ScriptedTriton(URL, fault_at=step, fault=FAULTS[fault](), sticky=sticky)
+    fleet, gates = triton_fleet(server), FakeGates()
+
+    result = await roll_out(fleet, gates)
+
+    assert_known_or_said(server, gates, result)
+    if not sticky:
+        # Level-based: once the fault has passed, the next passes bring the Pod to the profile
+        # and back into its Services.
+        for _ in range(3):
+            await asyncio.sleep(120)  # past the fleet's backoff of an unreachable server
+            result = await roll_out(fleet, gates)
+        assert result.outcomes[0].state == "Updated", result.outcomes[0].message
+        assert server.profile == "interactive"
+        assert gates.changes[-1][1:] in ((True, "ConfigApplied"),)
+
+
+@pytest.mark.looptime
+@pytest.mark.parametrize("step", SWITCH_STEPS)
+async def test_a_switch_cancelled_at_any_step_leaves_the_pod_out_saying_so(step: str) -> None:
+    server = ScriptedTriton(URL, fault_at=step, fault=asyncio.CancelledError())
+    gates = FakeGates()
+
+    with pytest.raises(asyncio.CancelledError):
+        await roll_out(triton_fleet(server), gates)
+
+    if gates.changes and not gates.changes[-1][1]:
+        assert gates.changes[-1][2] == "Interrupted"
+        assert "interrupted" in gates.messages[-1]
+    else:  # cancelled before the gate closed: nothing was changed
+        assert server.served == server.repository_config
+
+
+@pytest.mark.looptime
+@pytest.mark.parametrize("fault", list(FAULTS), ids=list(FAULTS))
+async def test_whatever_the_fleet_raises_the_gate_opens_on_a_known_config_or_says_why(
+    fault: str,
+) -> None:
+    replica = target("triton-0", gated=True, gate="True")
+    fleet = FakeFleet({replica.http_url: FakeServer(fail_with=FAULTS[fault]())})
+    gates = FakeGates()
+
+    result = await rollouts.roll_out(
+        [replica], await rollouts.survey([replica], ["gpu_sim"], fleet), plan(), fleet, gates
+    )
+
+    outcome = result.outcomes[0]
+    assert outcome.state in ("Failed", "Unreachable")
+    _, opened, reason = gates.changes[-1]
+    if opened:
+        # Only a failure that says the previous configuration serves lets it back in.
+        assert reason in ("Refused", "NotApplied")
+        assert fault in ("ProfileRefused", "ExplicitModeRequired")
+    else:
+        assert reason != "Switching"
+        assert "injected" in gates.messages[-1]
+        assert outcome.left_out
+
+
+@pytest.mark.looptime
+@pytest.mark.parametrize("rolled_back", [True, False])
+async def test_the_actuators_word_decides_whether_the_pod_goes_back(rolled_back: bool) -> None:
+    replica = target("triton-0", gated=True, gate="True")
+    failure = actuators.ApplyFailed(replica.http_url, "injected", rolled_back=rolled_back)
+    fleet = FakeFleet({replica.http_url: FakeServer(fail_with=failure)})
+    gates = FakeGates()
+
+    await rollouts.roll_out(
+        [replica], await rollouts.survey([replica], ["gpu_sim"], fleet), plan(), fleet, gates
+    )
+
+    expected = (True, "RolledBack") if rolled_back else (False, "RollbackFailed")
+    assert gates.changes[-1][1:] == expected
+
+
+@pytest.mark.looptime
+@pytest.mark.parametrize("applied", [False, True], ids=["closing", "opening"])
+async def test_a_gate_that_cannot_be_written_is_a_failure_not_a_crash(applied: bool) -> None:
+    replica = target("triton-0", gated=True, gate="True")
+    fleet = FakeFleet({replica.http_url: FakeServer()})
+    gates = FakeGates()
+    gates.fail[applied] = RuntimeError("injected API outage")
+
+    result = await rollouts.roll_out(
+        [replica], await rollouts.survey([replica], ["gpu_sim"], fleet), plan(), fleet, gates
+    )
+
+    outcome = result.outcomes[0]
+    assert outcome.state == "Failed"
+    assert "readiness gate: RuntimeError: injected API outage" in outcome.message
+    # Never closed: nothing applied. Closed but not reopened: out of service, counted so.
+    assert (("apply", URL) in fleet.calls) == applied
+    assert outcome.left_out == applied
+
+
+@pytest.mark.looptime
+async def test_a_malformed_baseline_is_reported_and_replaced_not_raised_every_pass() -> None:
+    server = ScriptedTriton(URL)
+    assert server.served is not None
+    server.served["parameters"] = {
+        modelconfigs.PROFILE_PARAMETER: {"string_value": "interactive"},
+        modelconfigs.BASELINE_PARAMETER: {"string_value": "thirty-two"},
+    }
+    fleet, gates = triton_fleet(server), FakeGates()
+
+    first = await roll_out(fleet, gates)
+    server.config_reads = 0
+    second = await roll_out(fleet, gates)
+
+    assert first.outcomes[0].state == "Updated"
+    assert first.reloads == 1
+    assert "batchpilot.dev/baseline-max-batch-size ('thirty-two' is not a count)" in (
+        first.outcomes[0].message
+    )
+    assert modelconfigs.baseline_max_batch_size(server.served) == 32
+    assert server.served["parameters"][modelconfigs.BASELINE_PARAMETER] == {"string_value": "32"}
+    assert (second.outcomes[0].state, second.reloads, second.outcomes[0].message) == (
+        "Updated",
+        0,
+        "",
+    )
+
+
+@pytest.mark.parametrize("answer", ['["no", "dict"]', '"a string"', "42", "null", "{}", "not json"])
+async def test_a_refused_load_with_any_body_is_a_rejection(
+    serve_app: web_apps.ServeApp, answer: str
+) -> None:
+    async def refuse(request: web.Request) -> web.Response:
+        return web.Response(status=400, text=answer, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/v2/repository/models/{model}/load", refuse)
+    async with servers.TritonServer(await serve_app(app), request_timeout=2) as triton:
+        with pytest.raises(servers.LoadRejected):
+            await triton.load("tiny_llm", {"backend": "vllm"}, files={"file:1/model.json": b"{}"})
