@@ -25,8 +25,10 @@ MAX_NUM_SEQS = 4096
 MAX_NUM_BATCHED_TOKENS = 1_048_576
 """The most `max_num_seqs` and `max_num_batched_tokens` batchpilot sets: the CRD's bounds
 (`specs.LlmEngine`) and the sidecar's recommendation's."""
-MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
-"""A model name as a directory of the repository: no separators, not `.` or `..`."""
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
+"""A model name as a directory of the repository: no separators, not `.` or `..`, nothing a
+query or a path would have to escape. The CRD holds `spec.target.models` to it."""
+MODEL_NAME = re.compile(MODEL_NAME_PATTERN)
 
 
 class RepositoryError(Exception):

@@ -116,7 +116,9 @@ async def test_invalid_spec_changes_nothing_and_is_reported_once() -> None:
 @pytest.mark.looptime
 async def test_a_model_the_servers_lack_is_an_invalid_spec() -> None:
     targets, fleet = two_servers()
-    spec = spec_document(target={"selector": {}, "models": ["gpu_sim", "torch_mlp"]})
+    spec = spec_document(
+        target={"selector": {"matchLabels": {"app": "triton"}}, "models": ["gpu_sim", "torch_mlp"]}
+    )
     outcome = await reconcile(reconciler(targets, fleet), spec)
     invalid = next(c for c in outcome.status["conditions"] if c["type"] == "InvalidSpec")
     assert invalid["message"].startswith(
