@@ -13,7 +13,7 @@ import pytest
 from batchpilot import operating, reconciling, reporting, telemetry
 from batchpilot.applying import fleets
 from batchpilot.applying.replicas import Replica
-from batchpilot.policy import specs
+from batchpilot.policy import governing, specs
 from batchpilot.signals import prometheus, sidecars, sources
 from batchpilot_harness import local_triton
 from builders import spec_document
@@ -37,7 +37,9 @@ class ScriptedReconciler:
     async def forget_policy(self, namespace: str, name: str) -> None:
         self.forgotten.append((namespace, name))
 
-    async def release_pods(self, namespace: str, spec: dict[str, Any]) -> list[str]:
+    async def release_pods(
+        self, namespace: str, spec: dict[str, Any], *, name: str = ""
+    ) -> list[str]:
         self.released.append((namespace, asyncio.get_running_loop().time()))
         return ["triton-0"]
 
@@ -289,3 +291,19 @@ async def test_signals_from_triton_or_prometheus_when_the_policy_says_so(
     source = build("ns", policy, [sidecar_target("pod-1", 9400)])
     assert isinstance(source, kind)
     await source.close()
+
+
+async def test_the_governors_are_read_from_kopf_s_live_index_of_every_policy() -> None:
+    subject = controller(ScriptedReconciler(), Recorder())
+    assert subject.governors("ns") == []
+    selector = {"matchLabels": {"app": "triton"}}
+    index: dict[str | None, list[operating.GovernorEntry]] = {
+        "ns": [("desk", "2026-01-01T00:00:00Z", selector)]
+    }
+    subject.governors_index = index
+    assert subject.governors("ns") == [
+        governing.Governor(name="desk", created="2026-01-01T00:00:00Z", selector=selector)
+    ]
+    index["ns"].append(("later", "2026-02-01T00:00:00Z", selector))  # the index is live
+    assert [policy.name for policy in subject.governors("ns")] == ["desk", "later"]
+    assert subject.governors("elsewhere") == []

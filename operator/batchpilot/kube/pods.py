@@ -91,6 +91,7 @@ def replicas_from_pods(
                 gated=GATE in gates,
                 gate=_condition(pod, GATE),
                 kind="pod",
+                labels=tuple(sorted((metadata.get("labels") or {}).items())),
             )
         )
     return sorted(found, key=lambda t: t.name), skipped
