@@ -11,8 +11,11 @@ in waves of `rollout.maxUnavailable`. A replica whose Pod carries the
 Pod leaves its Services), the rollout waits for the endpoint change to spread and the replica's
 queued requests to drain, applies, verifies, and sets the gate True again. A replica without the
 gate is switched in place: its requests stall for the length of the reload. A replica that fails
-is rolled back by the actuator and reported; once `maxUnavailable` replicas have failed, the
-rollout stops and the rest keep their current profile until the next attempt. A replica that
+is rolled back by the actuator and reported. Whatever raises, `_switch` alone moves the gate:
+True again while the replica serves a known configuration (the new one, or the previous one:
+refused, not applied, rolled back), else False with a reason and message that say why; nothing
+but a cancellation raises past it. Once `maxUnavailable` replicas have failed, the rollout
+stops and the rest keep their current profile until the next attempt. A replica that
 does not answer is reported and skipped, and is not counted as a failure; but it serves no
 one, so while `maxUnavailable` replicas are out of service (unreachable, or gated out) no other
 gated replica leaves its Services: the rest are held until it is back.
