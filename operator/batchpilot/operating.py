@@ -197,6 +197,10 @@ class Controller:
             logger.info(
                 "%s/%s: deleted; readiness gates opened on %s", namespace, name, ", ".join(opened)
             )
+        # A Pod it governed may pass to another policy that selects it too: no need to wait.
+        for other_namespace, other in list(self.wakeups):
+            if other_namespace == namespace and other != name:
+                self.poke(namespace, other)
 
     async def _once(
         self,

@@ -176,6 +176,16 @@ async def test_a_deleted_policy_releases_its_pods_only_once_its_loop_has_stopped
     assert len(reconciler.released) == 2
 
 
+async def test_a_deleted_policy_pokes_the_others_of_its_namespace() -> None:
+    """A Pod it governed may pass to another policy that selects it too."""
+    subject = controller(ScriptedReconciler(), Recorder())
+    for namespace, name in (("ns", "newer"), ("ns", "fleet"), ("elsewhere", "desk")):
+        subject.wakeup(namespace, name)
+    await subject.policy_deleted(namespace="ns", name="fleet", spec=spec_document())
+    assert subject.wakeup("ns", "newer").is_set()
+    assert not subject.wakeup("elsewhere", "desk").is_set()
+
+
 @pytest.mark.looptime
 async def test_wakes_at_the_next_transition_before_the_interval() -> None:
     reconciler = ScriptedReconciler(wake_after=2)
