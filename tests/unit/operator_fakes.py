@@ -15,7 +15,7 @@ from typing import Any
 from batchpilot.applying import actuators, backoffs, fleets, overrides
 from batchpilot.applying.replicas import Replica
 from batchpilot.policy import rendering, specs
-from batchpilot_triton import modelconfigs, servers
+from batchpilot_triton import modelconfigs, repositories, servers
 
 
 def target(name: str, *, gated: bool = False, gate: str | None = None, ip: str = "") -> Replica:
@@ -166,11 +166,16 @@ SWITCH_STEPS = (
 before the gate closes."""
 
 
+LLM_SWITCH_STEPS = (*SWITCH_STEPS[:4], "engine-arguments", *SWITCH_STEPS[4:])
+"""The same for a model served by vLLM: its repository's model.json is read (from the sidecar,
+in a cluster) after the served configuration."""
+
+
 class ScriptedTriton(servers.TritonServer):
-    """One Triton server serving one dynamic-batching model as Triton does (a load replaces its
-    configuration, an unload leaves it UNLOADING for a look, then gone), with a fault injected
-    at one step of a switch: raised once, or, `sticky`, at every call from then on (a server
-    that broke for good)."""
+    """One Triton server serving one model as Triton does (a load replaces its configuration, an
+    unload leaves it UNLOADING for a look, then gone), dynamic batching or, `llm`, vLLM; with a
+    fault injected at one step of a switch: raised once, or, `sticky`, at every call from then
+    on (a server that broke for good)."""
 
     def __init__(
         self,
@@ -179,17 +184,26 @@ class ScriptedTriton(servers.TritonServer):
         fault_at: str | None = None,
         fault: BaseException | None = None,
         sticky: bool = False,
+        llm: bool = False,
     ) -> None:
         super().__init__(url)
-        self.repository_config: dict[str, Any] = {
-            "name": "gpu_sim",
-            "max_batch_size": 32,
-            "dynamic_batching": {
-                "max_queue_delay_microseconds": 100,
-                "preferred_batch_size": [32],
-            },
-            "parameters": {},
-        }
+        self.repository_config: dict[str, Any] = (
+            {"name": "gpu_sim", "backend": "vllm", "max_batch_size": 0, "parameters": {}}
+            if llm
+            else {
+                "name": "gpu_sim",
+                "max_batch_size": 32,
+                "dynamic_batching": {
+                    "max_queue_delay_microseconds": 100,
+                    "preferred_batch_size": [32],
+                },
+                "parameters": {},
+            }
+        )
+        self.model_json: dict[str, Any] = {"model": "/models/tiny", "max_num_seqs": 16}
+        """The repository's model.json (a vLLM model's engine arguments)."""
+        self.loaded_files: Mapping[str, bytes] = {}
+        """The file overrides of the last load."""
         self.served: dict[str, Any] | None = copy.deepcopy(self.repository_config)
         """The configuration it serves; None once unloaded."""
         self.unloading = False
@@ -245,7 +259,15 @@ class ScriptedTriton(servers.TritonServer):
     ) -> None:
         self._step("load")
         self.served = copy.deepcopy(config or self.repository_config)
+        self.loaded_files = dict(files or {})
         self._step("load-answer-lost")
+
+    async def repository_arguments(
+        self, replica: Replica, model: str
+    ) -> repositories.RepositoryArguments:
+        """As the sidecar beside it serves them: it is the `EngineArgumentsSource` too."""
+        self._step("engine-arguments")
+        return repositories.RepositoryArguments("1", dict(self.model_json))
 
     @property
     def profile(self) -> str | None:

@@ -145,3 +145,13 @@ def test_malformed_engine_arguments_on_the_served_config_are_unknown_and_written
     assert engines.applied_arguments(wanted.config) == {"max_num_seqs": 4}
     # A rollback to it loads the repository's own model.json.
     assert engines.restoring(served, BASE).files == {}
+
+
+def test_a_rollback_to_the_repository_s_own_files_is_verified_once_it_serves() -> None:
+    # Before, it wanted the profile "" where the served configuration names none, so every such
+    # rollback of a vLLM model read as failed and left its Pod out of its Services.
+    restore = engines.restoring(SERVED, BASE)
+    assert restore.files == {}
+    assert engines.matches(json.loads(json.dumps(SERVED)), restore)
+    applied = engines.merge(SERVED, BASE, settings(maxNumSeqs=4), profile="bulk", model="m")
+    assert not engines.matches(json.loads(json.dumps(applied.config)), restore)

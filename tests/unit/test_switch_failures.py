@@ -3,20 +3,22 @@ readiness gate open, or with its gate closed and a reason and message that say w
 of its Services silently, and never a policy whose every pass raises.
 
 Every exception type is injected at every step of a switch (the survey, the check, the drain,
-reading the served configuration, the unload, the wait for it, the load, a load whose answer
-is lost, the verification), once or for good, through the real rollout, fleet and actuator down
-to a scripted Triton; and at the boundaries the rollout owns (the fleet's apply, the gate
-writes) with the fakes of the Kubernetes side.
+reading the served configuration, reading a vLLM model's model.json, the unload, the wait for
+it, the load, a load whose answer is lost, the verification), once or for good, through the
+real rollout, fleet and actuator down to a scripted Triton; and at the boundaries the rollout
+owns (the fleet's apply, the gate writes) with the fakes of the Kubernetes side.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 
 import pytest
 from aiohttp import web
 from operator_fakes import (
+    LLM_SWITCH_STEPS,
     SWITCH_STEPS,
     FakeFleet,
     FakeGates,
@@ -26,13 +28,18 @@ from operator_fakes import (
 )
 
 import web_apps
-from batchpilot.applying import actuators, fleets, overrides, rollouts
+from batchpilot.applying import actuators, engines, fleets, overrides, rollouts
 from batchpilot.applying.replicas import Replica
 from batchpilot.policy import rendering, specs
 from batchpilot_triton import modelconfigs, servers
 
 URL = "http://10.88.0.1:8000"
 PROFILE = specs.Profile.model_validate({"maxQueueDelayMicroseconds": 2000})
+LLM_PROFILE = specs.Profile.model_validate({"llm": {"maxNumSeqs": 4}})
+STEPS = [
+    *(pytest.param(False, step, id=step) for step in SWITCH_STEPS),
+    *(pytest.param(True, step, id=f"vllm-{step}") for step in LLM_SWITCH_STEPS),
+]
 FAULTS: dict[str, Callable[[], BaseException]] = {
     "ValueError": lambda: ValueError("injected"),
     "AttributeError": lambda: AttributeError("injected"),
@@ -49,11 +56,11 @@ FAULTS: dict[str, Callable[[], BaseException]] = {
 }
 
 
-def plan() -> rollouts.Plan:
+def plan(*, llm: bool = False) -> rollouts.Plan:
     return rollouts.Plan(
         namespace="ns",
         profile="interactive",
-        settings=rendering.render(PROFILE),
+        settings=rendering.render(LLM_PROFILE if llm else PROFILE),
         rollout=specs.Rollout.model_validate({"unloadBeforeLoad": True, "verifyTimeoutSeconds": 5}),
         settle_seconds=0.5,
     )
@@ -65,16 +72,31 @@ def pod(gates: FakeGates) -> Replica:
     return target("triton-0", gated=True, gate=gate)
 
 
-async def roll_out(fleet: rollouts.Fleet, gates: FakeGates) -> rollouts.Result:
+async def roll_out(
+    fleet: rollouts.Fleet, gates: FakeGates, *, llm: bool = False
+) -> rollouts.Result:
     replicas = [pod(gates)]
     found = await rollouts.survey(replicas, ["gpu_sim"], fleet)
-    return await rollouts.roll_out(replicas, found, plan(), fleet, gates)
+    return await rollouts.roll_out(replicas, found, plan(llm=llm), fleet, gates)
 
 
 def triton_fleet(server: ScriptedTriton) -> fleets.TritonFleet:
-    fleet = fleets.TritonFleet(clock=asyncio.get_running_loop().time)
+    """The real fleet, its one server scripted (which serves the model.json too)."""
+    fleet = fleets.TritonFleet(clock=asyncio.get_running_loop().time, engine_arguments=server)
     fleet.adopt(server)
     return fleet
+
+
+def runs_the_profile(server: ScriptedTriton) -> bool:
+    """Whether the server serves what the profile asks, every part of it."""
+    if server.served is None or server.profile != "interactive":
+        return False
+    if server.served.get("backend") != "vllm":
+        return bool(server.served["dynamic_batching"]["max_queue_delay_microseconds"] == 2000)
+    (model_json,) = server.loaded_files.values()
+    return engines.applied_arguments(server.served) == {"max_num_seqs": 4} and json.loads(
+        model_json
+    ) == {**server.model_json, "max_num_seqs": 4}
 
 
 def assert_known_or_said(server: ScriptedTriton, gates: FakeGates, result: rollouts.Result) -> None:
@@ -84,7 +106,7 @@ def assert_known_or_said(server: ScriptedTriton, gates: FakeGates, result: rollo
     if not gates.changes or gates.changes[-1][1]:
         assert server.served is not None, "in its Services with the model unloaded"
         if server.profile == "interactive":
-            assert server.served["dynamic_batching"]["max_queue_delay_microseconds"] == 2000
+            assert runs_the_profile(server)
             assert outcome.state == "Updated"
         else:
             assert server.served == server.repository_config
@@ -102,35 +124,46 @@ def assert_known_or_said(server: ScriptedTriton, gates: FakeGates, result: rollo
 @pytest.mark.looptime
 @pytest.mark.parametrize("sticky", [False, True], ids=["once", "for-good"])
 @pytest.mark.parametrize("fault", list(FAULTS), ids=list(FAULTS))
-@pytest.mark.parametrize("step", SWITCH_STEPS)
+@pytest.mark.parametrize(("llm", "step"), STEPS)
 async def test_a_fault_at_any_step_leaves_the_pod_serving_a_known_config_or_saying_why(
-    step: str, fault: str, sticky: bool
+    llm: bool, step: str, fault: str, sticky: bool
 ) -> None:
-    server = ScriptedTriton(URL, fault_at=step, fault=FAULTS[fault](), sticky=sticky)
+    server = ScriptedTriton(URL, fault_at=step, fault=FAULTS[fault](), sticky=sticky, llm=llm)
     fleet, gates = triton_fleet(server), FakeGates()
 
-    result = await roll_out(fleet, gates)
+    result = await roll_out(fleet, gates, llm=llm)
 
     assert_known_or_said(server, gates, result)
+    if not sticky and gates.changes and not gates.changes[-1][1]:
+        # A fault that passed leaves a Pod out only when the model could not even be read (or
+        # the server did not answer the drain, and the fleet backs off asking it): a change
+        # that broke was rolled back, so the previous configuration serves.
+        unread = step in ("read-config", "engine-arguments") and fault in (
+            "Unreachable",
+            "ModelUnavailable",
+        )
+        assert unread or (step, fault) == ("drain", "Unreachable"), gates.messages[-1]
     if not sticky:
         # Level-based: once the fault has passed, the next passes bring the Pod to the profile
         # and back into its Services.
         for _ in range(3):
             await asyncio.sleep(120)  # past the fleet's backoff of an unreachable server
-            result = await roll_out(fleet, gates)
+            result = await roll_out(fleet, gates, llm=llm)
         assert result.outcomes[0].state == "Updated", result.outcomes[0].message
-        assert server.profile == "interactive"
+        assert runs_the_profile(server)
         assert gates.changes[-1][1:] in ((True, "ConfigApplied"),)
 
 
 @pytest.mark.looptime
-@pytest.mark.parametrize("step", SWITCH_STEPS)
-async def test_a_switch_cancelled_at_any_step_leaves_the_pod_out_saying_so(step: str) -> None:
-    server = ScriptedTriton(URL, fault_at=step, fault=asyncio.CancelledError())
+@pytest.mark.parametrize(("llm", "step"), STEPS)
+async def test_a_switch_cancelled_at_any_step_leaves_the_pod_out_saying_so(
+    llm: bool, step: str
+) -> None:
+    server = ScriptedTriton(URL, fault_at=step, fault=asyncio.CancelledError(), llm=llm)
     gates = FakeGates()
 
     with pytest.raises(asyncio.CancelledError):
-        await roll_out(triton_fleet(server), gates)
+        await roll_out(triton_fleet(server), gates, llm=llm)
 
     if gates.changes and not gates.changes[-1][1]:
         assert gates.changes[-1][2] == "Interrupted"

@@ -197,10 +197,11 @@ def _canonical(arguments: Mapping[str, Any]) -> str:
 
 
 def matches(served: ModelConfig, wanted: Override) -> bool:
-    """Whether the server already runs the wanted profile and engine arguments."""
-    return modelconfigs.applied_profile(served) == wanted.profile and applied_arguments(
-        served
-    ) == applied_arguments(wanted.config)
+    """Whether the server already runs the wanted profile and engine arguments (a rollback to
+    the repository's own files wants no profile at all)."""
+    return modelconfigs.applied_profile(served) == modelconfigs.applied_profile(
+        wanted.config
+    ) and applied_arguments(served) == applied_arguments(wanted.config)
 
 
 def runs(served: ModelConfig, settings: rendering.Settings, *, profile: str, model: str) -> bool:
