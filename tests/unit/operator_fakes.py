@@ -173,8 +173,8 @@ in a cluster) after the served configuration."""
 
 class ScriptedTriton(servers.TritonServer):
     """One Triton server serving one model as Triton does (a load replaces its configuration, an
-    unload leaves it UNLOADING for a look, then gone), dynamic batching or, `llm`, vLLM; with a
-    fault injected at one step of a switch: raised once, or, `sticky`, at every call from then
+    unload leaves it UNLOADING for a look, then gone), with dynamic batching or served by vLLM or
+    TensorRT-LLM (`backend`); with a fault injected at one step of a switch: raised once, or, `sticky`, at every call from then
     on (a server that broke for good)."""
 
     def __init__(
@@ -184,21 +184,32 @@ class ScriptedTriton(servers.TritonServer):
         fault_at: str | None = None,
         fault: BaseException | None = None,
         sticky: bool = False,
-        llm: bool = False,
+        backend: str = "python",
     ) -> None:
         super().__init__(url)
-        self.repository_config: dict[str, Any] = (
-            {"name": "gpu_sim", "backend": "vllm", "max_batch_size": 0, "parameters": {}}
-            if llm
-            else {
+        self.repository_config: dict[str, Any] = {
+            "vllm": {"name": "gpu_sim", "backend": "vllm", "max_batch_size": 0, "parameters": {}},
+            "tensorrtllm": {
                 "name": "gpu_sim",
+                "backend": "tensorrtllm",
+                "max_batch_size": 64,
+                "parameters": {
+                    "gpt_model_type": {"string_value": "inflight_fused_batching"},
+                    "batch_scheduler_policy": {"string_value": "guaranteed_no_evict"},
+                },
+            },
+        }.get(
+            backend,
+            {
+                "name": "gpu_sim",
+                "backend": backend,
                 "max_batch_size": 32,
                 "dynamic_batching": {
                     "max_queue_delay_microseconds": 100,
                     "preferred_batch_size": [32],
                 },
                 "parameters": {},
-            }
+            },
         )
         self.model_json: dict[str, Any] = {"model": "/models/tiny", "max_num_seqs": 16}
         """The repository's model.json (a vLLM model's engine arguments)."""

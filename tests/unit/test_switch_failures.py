@@ -34,11 +34,19 @@ from batchpilot.policy import rendering, specs
 from batchpilot_triton import modelconfigs, servers
 
 URL = "http://10.88.0.1:8000"
-PROFILE = specs.Profile.model_validate({"maxQueueDelayMicroseconds": 2000})
-LLM_PROFILE = specs.Profile.model_validate({"llm": {"maxNumSeqs": 4}})
+PROFILES = {
+    "python": specs.Profile.model_validate({"maxQueueDelayMicroseconds": 2000}),
+    "vllm": specs.Profile.model_validate({"llm": {"maxNumSeqs": 4}}),
+    "tensorrtllm": specs.Profile.model_validate(
+        {"llm": {"batchSchedulerPolicy": "maxUtilization"}}
+    ),
+}
+"""The profile for a model of each backend: dynamic batching, vLLM engine arguments in
+model.json, TensorRT-LLM config parameters."""
 STEPS = [
-    *(pytest.param(False, step, id=step) for step in SWITCH_STEPS),
-    *(pytest.param(True, step, id=f"vllm-{step}") for step in LLM_SWITCH_STEPS),
+    *(pytest.param("python", step, id=step) for step in SWITCH_STEPS),
+    *(pytest.param("vllm", step, id=f"vllm-{step}") for step in LLM_SWITCH_STEPS),
+    *(pytest.param("tensorrtllm", step, id=f"tensorrtllm-{step}") for step in SWITCH_STEPS),
 ]
 FAULTS: dict[str, Callable[[], BaseException]] = {
     "ValueError": lambda: ValueError("injected"),
@@ -56,11 +64,11 @@ FAULTS: dict[str, Callable[[], BaseException]] = {
 }
 
 
-def plan(*, llm: bool = False) -> rollouts.Plan:
+def plan(*, backend: str = "python") -> rollouts.Plan:
     return rollouts.Plan(
         namespace="ns",
         profile="interactive",
-        settings=rendering.render(LLM_PROFILE if llm else PROFILE),
+        settings=rendering.render(PROFILES[backend]),
         rollout=specs.Rollout.model_validate({"unloadBeforeLoad": True, "verifyTimeoutSeconds": 5}),
         settle_seconds=0.5,
     )
@@ -73,11 +81,11 @@ def pod(gates: FakeGates) -> Replica:
 
 
 async def roll_out(
-    fleet: rollouts.Fleet, gates: FakeGates, *, llm: bool = False
+    fleet: rollouts.Fleet, gates: FakeGates, *, backend: str = "python"
 ) -> rollouts.Result:
     replicas = [pod(gates)]
     found = await rollouts.survey(replicas, ["gpu_sim"], fleet)
-    return await rollouts.roll_out(replicas, found, plan(llm=llm), fleet, gates)
+    return await rollouts.roll_out(replicas, found, plan(backend=backend), fleet, gates)
 
 
 def triton_fleet(server: ScriptedTriton) -> fleets.TritonFleet:
@@ -91,7 +99,11 @@ def runs_the_profile(server: ScriptedTriton) -> bool:
     """Whether the server serves what the profile asks, every part of it."""
     if server.served is None or server.profile != "interactive":
         return False
-    if server.served.get("backend") != "vllm":
+    backend = server.served.get("backend")
+    if backend == "tensorrtllm":
+        policy = modelconfigs.parameter(server.served, "batch_scheduler_policy")
+        return policy == "max_utilization" and not server.loaded_files
+    if backend != "vllm":
         return bool(server.served["dynamic_batching"]["max_queue_delay_microseconds"] == 2000)
     (model_json,) = server.loaded_files.values()
     return engines.applied_arguments(server.served) == {"max_num_seqs": 4} and json.loads(
@@ -124,14 +136,16 @@ def assert_known_or_said(server: ScriptedTriton, gates: FakeGates, result: rollo
 @pytest.mark.looptime
 @pytest.mark.parametrize("sticky", [False, True], ids=["once", "for-good"])
 @pytest.mark.parametrize("fault", list(FAULTS), ids=list(FAULTS))
-@pytest.mark.parametrize(("llm", "step"), STEPS)
+@pytest.mark.parametrize(("backend", "step"), STEPS)
 async def test_a_fault_at_any_step_leaves_the_pod_serving_a_known_config_or_saying_why(
-    llm: bool, step: str, fault: str, sticky: bool
+    backend: str, step: str, fault: str, sticky: bool
 ) -> None:
-    server = ScriptedTriton(URL, fault_at=step, fault=FAULTS[fault](), sticky=sticky, llm=llm)
+    server = ScriptedTriton(
+        URL, fault_at=step, fault=FAULTS[fault](), sticky=sticky, backend=backend
+    )
     fleet, gates = triton_fleet(server), FakeGates()
 
-    result = await roll_out(fleet, gates, llm=llm)
+    result = await roll_out(fleet, gates, backend=backend)
 
     assert_known_or_said(server, gates, result)
     if not sticky and gates.changes and not gates.changes[-1][1]:
@@ -148,22 +162,22 @@ async def test_a_fault_at_any_step_leaves_the_pod_serving_a_known_config_or_sayi
         # and back into its Services.
         for _ in range(3):
             await asyncio.sleep(120)  # past the fleet's backoff of an unreachable server
-            result = await roll_out(fleet, gates, llm=llm)
+            result = await roll_out(fleet, gates, backend=backend)
         assert result.outcomes[0].state == "Updated", result.outcomes[0].message
         assert runs_the_profile(server)
         assert gates.changes[-1][1:] in ((True, "ConfigApplied"),)
 
 
 @pytest.mark.looptime
-@pytest.mark.parametrize(("llm", "step"), STEPS)
+@pytest.mark.parametrize(("backend", "step"), STEPS)
 async def test_a_switch_cancelled_at_any_step_leaves_the_pod_out_saying_so(
-    llm: bool, step: str
+    backend: str, step: str
 ) -> None:
-    server = ScriptedTriton(URL, fault_at=step, fault=asyncio.CancelledError(), llm=llm)
+    server = ScriptedTriton(URL, fault_at=step, fault=asyncio.CancelledError(), backend=backend)
     gates = FakeGates()
 
     with pytest.raises(asyncio.CancelledError):
-        await roll_out(triton_fleet(server), gates, llm=llm)
+        await roll_out(triton_fleet(server), gates, backend=backend)
 
     if gates.changes and not gates.changes[-1][1]:
         assert gates.changes[-1][2] == "Interrupted"
