@@ -174,8 +174,8 @@ in a cluster) after the served configuration."""
 class ScriptedTriton(servers.TritonServer):
     """One Triton server serving one model as Triton does (a load replaces its configuration, an
     unload leaves it UNLOADING for a look, then gone), with dynamic batching or served by vLLM or
-    TensorRT-LLM (`backend`); with a fault injected at one step of a switch: raised once, or, `sticky`, at every call from then
-    on (a server that broke for good)."""
+    TensorRT-LLM (`backend`); with a fault injected at one step of a switch: raised once, or,
+    `sticky`, at every call from then on (a server that broke for good)."""
 
     def __init__(
         self,
