@@ -208,6 +208,8 @@ def ready(findings: Findings, counts: statuses.TargetCounts) -> Wanted:
     assert policy is not None
     if policy.dry_run:
         return False, "DryRun", "decisions are reported, nothing is applied"
+    if counts.total == 0 and findings.contested:
+        return False, "NoTargets", "every Pod it selects is governed by an older policy"
     if counts.total == 0:
         message = "no Running Pod with an IP matches spec.target.selector"
         if findings.skipped:

@@ -473,6 +473,8 @@ async def test_two_policies_selecting_one_pod_do_not_flap_it_the_older_governs()
     assert "pod triton-0 is governed by policy 'old-desk'" in message
     assert events["new-desk"].count("PodsContested") == 1  # a standing problem, said once
     assert status["new-desk"]["targets"]["total"] == 0
+    ready = next(c for c in status["new-desk"]["conditions"] if c["type"] == "Ready")
+    assert ready["message"] == "every Pod it selects is governed by an older policy"
 
 
 @pytest.mark.looptime
