@@ -149,14 +149,10 @@ async def test_a_fault_at_any_step_leaves_the_pod_serving_a_known_config_or_sayi
 
     assert_known_or_said(server, gates, result)
     if not sticky and gates.changes and not gates.changes[-1][1]:
-        # A fault that passed leaves a Pod out only when the model could not even be read (or
-        # the server did not answer the drain, and the fleet backs off asking it): a change
-        # that broke was rolled back, so the previous configuration serves.
-        unread = step in ("read-config", "engine-arguments") and fault in (
-            "Unreachable",
-            "ModelUnavailable",
-        )
-        assert unread or (step, fault) == ("drain", "Unreachable"), gates.messages[-1]
+        # A fault that passed leaves a Pod out only when the model could not even be read: a
+        # change that broke was rolled back, so the previous configuration serves.
+        assert step in ("read-config", "engine-arguments"), gates.messages[-1]
+        assert fault in ("Unreachable", "ModelUnavailable"), gates.messages[-1]
     if not sticky:
         # Level-based: once the fault has passed, the next passes bring the Pod to the profile
         # and back into its Services.
