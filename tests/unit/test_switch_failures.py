@@ -12,6 +12,7 @@ owns (the fleet's apply, the gate writes) with the fakes of the Kubernetes side.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Callable
 
@@ -284,3 +285,31 @@ async def test_a_refused_load_with_any_body_is_a_rejection(
     async with servers.TritonServer(await serve_app(app), request_timeout=2) as triton:
         with pytest.raises(servers.LoadRejected):
             await triton.load("tiny_llm", {"backend": "vllm"}, files={"file:1/model.json": b"{}"})
+
+
+@pytest.mark.looptime
+async def test_a_pod_whose_gate_cannot_be_reopened_counts_as_out_of_service() -> None:
+    # Up to date, left out by an interrupted rollout, its gate's write fails: it still does not
+    # serve, so beside a dead Pod it fills maxUnavailable 2 and no other gated Pod leaves.
+    stuck = target("triton-0", gated=True, gate="False")
+    dead = target("triton-1", gated=True, gate="True")
+    behind = target("triton-2", gated=True, gate="True")
+    fleet = FakeFleet(
+        {
+            stuck.http_url: FakeServer(profile="interactive"),
+            dead.http_url: FakeServer(unreachable=True),
+            behind.http_url: FakeServer(),
+        }
+    )
+    gates = FakeGates()
+    gates.fail[True] = RuntimeError("injected API outage")
+    replicas = [stuck, dead, behind]
+    two = dataclasses.replace(plan(), rollout=specs.Rollout.model_validate({"maxUnavailable": 2}))
+
+    result = await rollouts.roll_out(
+        replicas, await rollouts.survey(replicas, ["gpu_sim"], fleet), two, fleet, gates
+    )
+
+    assert [outcome.state for outcome in result.outcomes] == ["Failed", "Unreachable", "Pending"]
+    assert result.outcomes[2].message.startswith("held: triton-0, triton-1 out of service")
+    assert gates.changes == []

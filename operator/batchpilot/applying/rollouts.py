@@ -246,6 +246,12 @@ async def roll_out(
     limit = plan.rollout.max_unavailable
     halted = False
     out = set(survey.unreachable)  # not serving, whatever their gates say
+    # Gated replicas left out of their Services that this pass did not bring back.
+    out |= {
+        outcome.replica.name
+        for outcome in settled
+        if _out_of_service(outcome.replica) and (outcome.state != "Updated" or outcome.left_out)
+    }
     # Replicas already out of their Services (an interrupted rollout, a restarted Triton) cost
     # nothing to switch: they go first.
     behind.sort(key=lambda replica: not _out_of_service(replica))
@@ -422,6 +428,14 @@ async def _switch(
         )
     try:
         drain = await _drain(replica, models, plan, fleet)
+        if drain.ineffective:
+            logger.warning(
+                "%s kept receiving requests after leaving its Services (%g in %.1fs); "
+                "reloading anyway",
+                replica.title,
+                drain.arrived,
+                drain.seconds,
+            )
         outcome, failure = await _apply(replica, models, plan, fleet)
     except asyncio.CancelledError as cancelled:
         # The operator is stopping or the policy went away mid-switch: what the server runs
