@@ -7,10 +7,11 @@ import dataclasses
 import datetime
 from typing import Any
 
+import kopf
 import operator_fakes
 import pytest
 
-from batchpilot import operating, reconciling, reporting, telemetry
+from batchpilot import handlers, operating, reconciling, reporting, telemetry
 from batchpilot.applying import fleets
 from batchpilot.applying.replicas import Replica
 from batchpilot.policy import governing, specs
@@ -317,3 +318,20 @@ async def test_the_governors_are_read_from_kopf_s_live_index_of_every_policy() -
     index["ns"].append(("later", "2026-02-01T00:00:00Z", selector))  # the index is live
     assert [policy.name for policy in subject.governors("ns")] == ["desk", "later"]
     assert subject.governors("elsewhere") == []
+
+
+def test_the_governors_index_keeps_each_policy_s_name_creation_time_and_selector() -> None:
+    body = kopf.Body(
+        {
+            "metadata": {
+                "name": "desk",
+                "namespace": "ns",
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+            },
+            "spec": {"target": {"selector": {"matchLabels": {"app": "triton"}}}},
+        }
+    )
+    entry = handlers.governors_by_namespace(
+        namespace="ns", name="desk", spec=body.spec, meta=body.metadata
+    )
+    assert entry == {"ns": ("desk", "2026-01-01T00:00:00Z", {"matchLabels": {"app": "triton"}})}
