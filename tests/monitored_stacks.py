@@ -47,7 +47,7 @@ metadata:
   name: desk
 spec:
   target:
-    selector: {{}}
+    selector: {{matchLabels: {{app: triton}}}}
     models: [{GPU_SIM}]
   profiles:
     interactive: {{maxQueueDelayMicroseconds: 1000, preferredBatchSizes: [4, 8]}}

@@ -62,6 +62,15 @@ def policies_by_namespace(
     return {namespace: (name, dict(spec.get("target", {}).get("selector", {})))}
 
 
+@kopf.index(GROUP, VERSION, PLURAL)
+def governors_by_namespace(
+    *, namespace: str | None, name: str, spec: kopf.Spec, meta: kopf.Meta, **_: Any
+) -> dict[str | None, operating.GovernorEntry]:
+    """Which policies select which Pods, and since when: the oldest of several governs a Pod."""
+    created = meta.creation_timestamp or ""
+    return {namespace: (name, created, dict(spec.get("target", {}).get("selector", {})))}
+
+
 @kopf.on.delete(GROUP, VERSION, PLURAL, id="release-pods")
 async def release_pods(
     *, namespace: str | None, name: str, spec: kopf.Spec, memo: Any, **_: Any
@@ -81,10 +90,13 @@ async def reconcile(
     body: kopf.Body,
     stopped: kopf.DaemonStopped,
     memo: Any,
-    **_: Any,
+    **indices: Any,
 ) -> None:
     assert namespace is not None  # BatchPolicy is namespaced
-    await controller_of(memo).follow(namespace=namespace, name=name, body=body, stopped=stopped)
+    governors: kopf.Index[str | None, operating.GovernorEntry] = indices["governors_by_namespace"]
+    await controller_of(memo).follow(
+        namespace=namespace, name=name, body=body, stopped=stopped, governors=governors
+    )
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)

@@ -13,7 +13,7 @@ import asyncio
 import datetime
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
@@ -26,7 +26,7 @@ from batchpilot.applying import backoffs, fleets, pod_repositories
 from batchpilot.applying.replicas import Replica
 from batchpilot.kube import pods as kube_pods
 from batchpilot.kube import policies
-from batchpilot.policy import specs
+from batchpilot.policy import governing, specs
 from batchpilot.signals import prometheus, sidecars, sources
 
 logger = logging.getLogger("batchpilot.operator")
@@ -102,6 +102,10 @@ def post_event(body: Mapping[str, Any], event: reporting.Event) -> None:
     )
 
 
+GovernorEntry = tuple[str, str, dict[str, Any]]
+"""A policy in kopf's index of governors: its name, creation time and selector."""
+
+
 def utc_now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
@@ -120,6 +124,16 @@ class Controller:
     pods_seen: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     loops: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
     """Per policy whose loop runs, an event set when it has stopped."""
+    governors_index: Mapping[str | None, Iterable[GovernorEntry]] | None = None
+    """kopf's index of every policy by namespace (`handlers.governors_by_namespace`), live."""
+
+    def governors(self, namespace: str) -> list[governing.Governor]:
+        """Every policy of the namespace, for deciding which one governs a Pod."""
+        entries = (self.governors_index or {}).get(namespace) or ()
+        return [
+            governing.Governor(name=name, created=created, selector=selector)
+            for name, created, selector in entries
+        ]
 
     def wakeup(self, namespace: str, name: str) -> asyncio.Event:
         return self.wakeups.setdefault((namespace, name), asyncio.Event())
@@ -134,8 +148,12 @@ class Controller:
         name: str,
         body: Mapping[str, Any],
         stopped: kopf.DaemonStopped,
+        governors: Mapping[str | None, Iterable[GovernorEntry]] | None = None,
     ) -> None:
-        """Reconcile one policy until it is deleted or the operator stops."""
+        """Reconcile one policy until it is deleted or the operator stops; `governors`: kopf's
+        live index of every policy, for deciding which one governs a Pod several select."""
+        if governors is not None:
+            self.governors_index = governors
         state = reconciling.PolicyMemory()
         failing = backoffs.Backoff()
         wakeup = self.wakeup(namespace, name)
@@ -174,11 +192,15 @@ class Controller:
                     await ended.wait()
             except TimeoutError:
                 logger.warning("%s/%s: deleted, its loop still running", namespace, name)
-        opened = await self.reconciler.release_pods(namespace, spec)
+        opened = await self.reconciler.release_pods(namespace, spec, name=name)
         if opened:
             logger.info(
                 "%s/%s: deleted; readiness gates opened on %s", namespace, name, ", ".join(opened)
             )
+        # A Pod it governed may pass to another policy that selects it too: no need to wait.
+        for other_namespace, other in list(self.wakeups):
+            if other_namespace == namespace and other != name:
+                self.poke(namespace, other)
 
     async def _once(
         self,
@@ -277,24 +299,7 @@ def _changed(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
 
 def selects(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
     """Label-selector semantics, for deciding whom to poke (the API does the real selection)."""
-    for key, value in (selector.get("matchLabels") or {}).items():
-        if labels.get(key) != value:
-            return False
-    for requirement in selector.get("matchExpressions") or []:
-        key, operator, values = (
-            requirement["key"],
-            requirement["operator"],
-            requirement.get("values") or [],
-        )
-        present = key in labels
-        if (
-            (operator == "In" and labels.get(key) not in values)
-            or (operator == "NotIn" and present and labels[key] in values)
-            or (operator == "Exists" and not present)
-            or (operator == "DoesNotExist" and present)
-        ):
-            return False
-    return True
+    return governing.selects(selector, labels)
 
 
 def triton_fleet() -> fleets.TritonFleet:
@@ -316,6 +321,8 @@ def build_controller(options: Options) -> Controller:
         metrics=metrics,
         settle_seconds=options.settle_seconds,
     )
-    return Controller(
+    controller = Controller(
         options=options, reconciler=reconciler, policies=policies.Policies(api), metrics=metrics
     )
+    reconciler.governors = controller.governors
+    return controller

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from batchpilot import reporting, telemetry
 from batchpilot.applying import rollouts
 from batchpilot.applying.replicas import Replica
-from batchpilot.policy import decisions, documents, leads, specs, statuses
+from batchpilot.policy import decisions, documents, governing, leads, specs, statuses
 from batchpilot.signals import sources
 from batchpilot_triton import servers
 
@@ -46,6 +46,9 @@ class SignalSource(Protocol):
 
     async def close(self) -> None: ...
 
+
+GovernorSource = Callable[[str], Sequence[governing.Governor]]
+"""Every policy of a namespace, as the Pods it selects see it (the operator's index of them)."""
 
 SignalSourceFactory = Callable[[str, specs.BatchPolicySpec, Sequence[Replica]], SignalSource]
 """Builds the signal source for (namespace, policy, replicas)."""
@@ -132,6 +135,7 @@ class Reconciled:
 class _Observed:
     replicas: list[Replica]
     skipped: list[str]
+    contested: list[str]
     survey: rollouts.Survey
     reading: sources.Reading
     lead: leads.Lead
@@ -160,6 +164,7 @@ class Reconciler:
         metrics: telemetry.ControllerMetrics,
         clock: Callable[[], datetime.datetime] = _now,
         settle_seconds: float = 1.5,
+        governors: GovernorSource | None = None,
     ) -> None:
         self.replica_source = replicas
         self.gates = gates
@@ -168,20 +173,26 @@ class Reconciler:
         self.metrics = metrics
         self.clock = clock
         self.settle_seconds = settle_seconds
+        self.governors = governors
+        """None: one policy governs every replica it is given (the runner's)."""
 
     async def forget_policy(self, namespace: str, name: str) -> None:
         """The policy is gone: its servers no longer keep their clients open."""
         await self.fleet.release((namespace, name))
 
-    async def release_pods(self, namespace: str, spec: Mapping[str, Any]) -> list[str]:
+    async def release_pods(
+        self, namespace: str, spec: Mapping[str, Any], *, name: str = ""
+    ) -> list[str]:
         """The policy is deleted: a rollout it left half way will never finish, so every gate of
-        its Pods that is not True opens (each Pod serves the configuration it runs). The names
-        of the Pods opened; none if the spec no longer says which Pods are its."""
+        its Pods that is not True opens (each Pod serves the configuration it runs), but for
+        Pods another policy governs. The names of the Pods opened; none if the spec no longer
+        says which Pods are its."""
         try:
             target = specs.Target.model_validate(spec.get("target") or {})
         except ValueError:
             return []
-        replicas, _ = await self.replica_source.replicas(namespace, target)
+        selected, _ = await self.replica_source.replicas(namespace, target)
+        replicas, _ = self._governed(namespace, name, selected)
         return await rollouts.open_gates(
             replicas,
             namespace,
@@ -233,6 +244,7 @@ class Reconciler:
             previous_profile=previous_profile,
             replicas=observed.replicas,
             skipped=observed.skipped,
+            contested=observed.contested,
             result=result,
             lead=observed.lead,
             measured_wave_seconds=state.measured_wave_seconds,
@@ -246,7 +258,8 @@ class Reconciler:
     async def _observe(
         self, namespace: str, name: str, policy: specs.BatchPolicySpec, state: PolicyMemory
     ) -> _Observed:
-        replicas, skipped = await self.replica_source.replicas(namespace, policy.target)
+        selected, skipped = await self.replica_source.replicas(namespace, policy.target)
+        replicas, contested = self._governed(namespace, name, selected)
         await self.fleet.hold((namespace, name), [replica.http_url for replica in replicas])
         survey, reading = await asyncio.gather(
             rollouts.survey(replicas, policy.target.models, self.fleet),
@@ -255,7 +268,22 @@ class Reconciler:
         lead = leads.lead_for(
             policy, replicas=len(replicas), wave_seconds=state.measured_wave_seconds
         )
-        return _Observed(replicas, skipped, survey, reading, lead)
+        return _Observed(replicas, skipped, contested, survey, reading, lead)
+
+    def _governed(
+        self, namespace: str, name: str, selected: Sequence[Replica]
+    ) -> tuple[list[Replica], list[str]]:
+        """The replicas this policy governs, and why it leaves the others alone: of several
+        policies that select a Pod, the oldest governs it, so none flaps between them."""
+        policies = self.governors(namespace) if self.governors is not None else ()
+        governed, contested = [], []
+        for replica in selected:
+            why = governing.contest(name, policies, dict(replica.labels), pod=replica.title)
+            if why is None:
+                governed.append(replica)
+            else:
+                contested.append(why)
+        return governed, contested
 
     async def _act(
         self,

@@ -55,6 +55,8 @@ class Findings:
     replicas: Sequence[Replica] = ()
     skipped: Sequence[str] = ()
     """Pods the selector matched that cannot be replicas, and why."""
+    contested: Sequence[str] = ()
+    """Pods the selector matched that an older policy governs (`batchpilot.policy.governing`)."""
     result: rollouts.Result | None = None
     """What the rollout did (or, in a dry run, would have left alone)."""
     signal_problems: tuple[str, ...] = ()
@@ -102,6 +104,7 @@ def _invalid(
         "SignalsUnavailable": (False, "InvalidSpec", ""),
         "LeadTimeInsufficient": (False, "InvalidSpec", ""),
         "DrainIneffective": (False, "InvalidSpec", ""),
+        "PodsContested": (False, "InvalidSpec", ""),
     }
     decision = findings.decision
     return previous.model_copy(
@@ -130,6 +133,7 @@ def _decided(
         "SignalsUnavailable": signals_unavailable(findings.signal_problems),
         "LeadTimeInsufficient": lead_time_insufficient(policy, findings.lead),
         "DrainIneffective": drain_ineffective(findings.result, previous),
+        "PodsContested": pods_contested(findings.contested),
     }
     return statuses.BatchPolicyStatus(
         active_profile=decision.profile,
@@ -204,6 +208,8 @@ def ready(findings: Findings, counts: statuses.TargetCounts) -> Wanted:
     assert policy is not None
     if policy.dry_run:
         return False, "DryRun", "decisions are reported, nothing is applied"
+    if counts.total == 0 and findings.contested:
+        return False, "NoTargets", "every Pod it selects is governed by an older policy"
     if counts.total == 0:
         message = "no Running Pod with an IP matches spec.target.selector"
         if findings.skipped:
@@ -237,6 +243,16 @@ def signals_unavailable(problems: Sequence[str]) -> Wanted:
         True,
         "SignalsMissing",
         "; ".join(problems) + "; load rules keep their last state, then the schedule decides",
+    )
+
+
+def pods_contested(contested: Sequence[str]) -> Wanted:
+    if not contested:
+        return False, "NoOverlap", ""
+    return (
+        True,
+        "GovernedByAnotherPolicy",
+        "; ".join(contested) + ": narrow spec.target.selector so that one policy selects each Pod",
     )
 
 
@@ -330,6 +346,9 @@ def notices(findings: Findings) -> list[Notice]:
         holds, _, message = lead_time_insufficient(policy, findings.lead)
         event = Event("Warning", "LeadTimeInsufficient", message) if holds else None
         found.append(Notice(event, key="LeadTimeInsufficient"))
+        holds, _, message = pods_contested(findings.contested)
+        event = Event("Warning", "PodsContested", message) if holds else None
+        found.append(Notice(event, key="PodsContested"))
     if findings.result is not None:
         found.extend(target_notice(outcome) for outcome in findings.result.outcomes)
         found.extend(drain_notices(findings.result))

@@ -48,7 +48,10 @@ def policy(window_opens: datetime.datetime) -> dict[str, Any]:
         "kind": documents.KIND,
         "metadata": {"name": "llm-demo"},
         "spec": {
-            "target": {"selector": {}, "models": [llm_models.LLM_MODEL]},
+            "target": {
+                "selector": {"matchLabels": {"app": "triton"}},
+                "models": [llm_models.LLM_MODEL],
+            },
             "profiles": {name: {"llm": llm} for name, llm in PROFILES.items()},
             "defaultProfile": "interactive",
             "schedule": {

@@ -21,7 +21,7 @@ EVERY_ADDRESS = "0.0.0.0"  # noqa: S104 - servers in Pods are reached from outsi
 def parse_listen(text: str, *, option: str = "--listen", example: str = "") -> tuple[str, int]:
     """`HOST:PORT` to serve on; an empty host (`:9400`) means every address."""
     host, separator, port = text.rpartition(":")
-    if not separator or not port.isdigit() or not 0 < int(port) < 65536:
+    if not separator or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         hint = f", e.g. {example}" if example else ""
         raise ValueError(f"{option} {text!r}: expected HOST:PORT{hint}")
     return host.strip("[]") or EVERY_ADDRESS, int(port)

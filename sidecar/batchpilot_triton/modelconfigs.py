@@ -43,8 +43,40 @@ ModelConfig = dict[str, Any]
 
 def parameter(config: Mapping[str, Any], key: str) -> str | None:
     """A config parameter's string value, if the config has it."""
-    value = (config.get("parameters") or {}).get(key)
-    return value.get("string_value") if isinstance(value, dict) else None
+    parameters = config.get("parameters")
+    value = parameters.get(key) if isinstance(parameters, Mapping) else None
+    text = value.get("string_value") if isinstance(value, Mapping) else None
+    return text if isinstance(text, str) else None
+
+
+def json_parameter(config: Mapping[str, Any], key: str) -> dict[str, Any] | None:
+    """A config parameter that holds a JSON object; None when it is absent or holds anything
+    else (batchpilot never writes that, so the object it wrote is unknown)."""
+    text = parameter(config, key)
+    try:
+        value = None if text is None else json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _count(text: str | None) -> int | None:
+    return int(text) if text is not None and text.isascii() and text.isdigit() else None
+
+
+def malformed_parameters(config: Mapping[str, Any]) -> list[str]:
+    """batchpilot's parameters on this served configuration that hold what batchpilot never
+    writes (someone edited them, or another tool wrote them): each is ignored, and the next load
+    writes it afresh."""
+    found = []
+    stored = parameter(config, BASELINE_PARAMETER)
+    if stored is not None and _count(stored) is None:
+        found.append(f"{BASELINE_PARAMETER} ({stored[:40]!r} is not a count)")
+    for key in (ENGINE_ARGUMENTS_PARAMETER, BASELINE_PARAMETERS_PARAMETER):
+        stored = parameter(config, key)
+        if stored is not None and json_parameter(config, key) is None:
+            found.append(f"{key} ({stored[:40]!r} is not a JSON object)")
+    return found
 
 
 def applied_profile(config: Mapping[str, Any]) -> str | None:
@@ -58,9 +90,9 @@ def served_by_vllm(config: Mapping[str, Any]) -> bool:
 
 
 def applied_engine_arguments(config: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The engine arguments batchpilot set on this served configuration, if it set any."""
-    written = parameter(config, ENGINE_ARGUMENTS_PARAMETER)
-    return None if written is None else dict(json.loads(written))
+    """The engine arguments batchpilot set on this served configuration, if it set any (None
+    too when the parameter is malformed: what the engine runs is then unknown)."""
+    return json_parameter(config, ENGINE_ARGUMENTS_PARAMETER)
 
 
 def engine_max_num_seqs(
@@ -72,9 +104,8 @@ def engine_max_num_seqs(
     on its version and the device)."""
     if not served_by_vllm(config):
         return None
-    try:
-        applied = applied_engine_arguments(config)
-    except (TypeError, ValueError):
+    applied = applied_engine_arguments(config)
+    if applied is None and parameter(config, ENGINE_ARGUMENTS_PARAMETER) is not None:
         return None  # a parameter batchpilot did not write: what the engine runs is unknown
     value = {**(model_json or {}), **(applied or {})}.get("max_num_seqs")
     # JSON's true is no count of sequences, though Python's bool is an int.
@@ -84,9 +115,11 @@ def engine_max_num_seqs(
 
 
 def baseline_max_batch_size(config: Mapping[str, Any]) -> int:
-    """The model's own max_batch_size, from its repository configuration."""
-    stored = parameter(config, BASELINE_PARAMETER)
-    return int(stored) if stored is not None else int(config.get("max_batch_size", 0))
+    """The model's own max_batch_size, from its repository configuration. A stored baseline that
+    is not a count is ignored (`malformed_parameters`): the served max_batch_size is then the
+    most the model is known to take, since a profile only ever lowers it."""
+    stored = _count(parameter(config, BASELINE_PARAMETER))
+    return stored if stored is not None else int(config.get("max_batch_size", 0))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -25,8 +25,10 @@ MAX_NUM_SEQS = 4096
 MAX_NUM_BATCHED_TOKENS = 1_048_576
 """The most `max_num_seqs` and `max_num_batched_tokens` batchpilot sets: the CRD's bounds
 (`specs.LlmEngine`) and the sidecar's recommendation's."""
-MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
-"""A model name as a directory of the repository: no separators, not `.` or `..`."""
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
+"""A model name as a directory of the repository: no separators, not `.` or `..`, nothing a
+query or a path would have to escape. The CRD holds `spec.target.models` to it."""
+MODEL_NAME = re.compile(MODEL_NAME_PATTERN)
 
 
 class RepositoryError(Exception):
@@ -58,11 +60,17 @@ class RepositoryArguments:
         if not isinstance(document, Mapping):
             raise ValueError("not a JSON object")
         version, arguments = document.get("version"), document.get("arguments")
-        if not isinstance(version, str) or not version.isdigit():
+        if not isinstance(version, str) or not is_version(version):
             raise ValueError(f"version {version!r} is not a version directory's name")
         if not isinstance(arguments, dict):
             raise ValueError(f"arguments {arguments!r} are not a JSON object")
         return cls(version=version, arguments=arguments)
+
+
+def is_version(name: str) -> bool:
+    """Whether a directory name is a model version as Triton reads one: ASCII digits only
+    (`str.isdigit` also takes '²' and '٣', which `int` refuses or reads as another number)."""
+    return name.isascii() and name.isdigit()
 
 
 def check_model_name(model: str) -> str:
@@ -80,13 +88,14 @@ def read_repository_arguments(repository: Path, model: str) -> RepositoryArgumen
     if not directory.is_dir():
         raise NotInRepository(f"model {model!r} is not in the model repository {repository}")
     versions = sorted(
-        (int(entry.name) for entry in _directories(directory) if entry.name.isdigit()),
+        (entry.name for entry in _directories(directory) if is_version(entry.name)),
+        key=int,
         reverse=True,
     )
     for version in versions:
-        path = directory / str(version) / ENGINE_ARGUMENTS_FILE
+        path = directory / version / ENGINE_ARGUMENTS_FILE
         if path.is_file():
-            return RepositoryArguments(version=str(version), arguments=_read(repository, path))
+            return RepositoryArguments(version=version, arguments=_read(repository, path))
     raise NotInRepository(
         f"model {model!r} has no {ENGINE_ARGUMENTS_FILE} in a version directory of {directory}"
     )

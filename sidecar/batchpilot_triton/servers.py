@@ -237,9 +237,12 @@ class TritonServer:
             if response.status != 200:
                 answer = await response.text()
                 try:
-                    message = str(json.loads(answer).get("error", answer))
+                    document = json.loads(answer)
                 except ValueError:
-                    message = answer
+                    document = None
+                # Triton answers {"error": ...}; anything else (a list, a string) is the answer.
+                found = document.get("error") if isinstance(document, dict) else None
+                message = answer if found is None else str(found)
                 raise InferenceServerException(msg=message, status=str(response.status))
 
     async def unload(self, model: str) -> None:

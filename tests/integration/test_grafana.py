@@ -424,7 +424,7 @@ metadata:
   name: desk
 spec:
   target:
-    selector: {{}}
+    selector: {{matchLabels: {{app: triton}}}}
     models: [{monitored_stacks.GPU_SIM}]
   profiles:
     interactive: {{maxQueueDelayMicroseconds: 1000, preferredBatchSizes: [1], maxBatchSize: 1}}

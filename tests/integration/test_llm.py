@@ -433,7 +433,7 @@ async def test_the_runner_applies_a_policy_s_llm_profile_with_the_repository_it_
 ) -> None:
     spec = specs.parse_spec(
         {
-            "target": {"selector": {}, "models": [MODEL]},
+            "target": {"selector": {"matchLabels": {"app": "triton"}}, "models": [MODEL]},
             "profiles": {
                 "interactive": {"llm": {"maxNumSeqs": 2, "maxNumBatchedTokens": 256}},
                 "bulk": {"llm": {"maxNumSeqs": 8, "maxNumBatchedTokens": 1024}},

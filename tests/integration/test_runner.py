@@ -22,7 +22,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def policy(**fields: object) -> object:
-    return make_spec(target={"selector": {}, "models": [demo_models.GPU_SIM]}, **fields)
+    return make_spec(
+        target={"selector": {"matchLabels": {"app": "triton"}}, "models": [demo_models.GPU_SIM]},
+        **fields,
+    )
 
 
 TUESDAY_AFTERNOON = utc(2026, 11, 24, 15)
@@ -126,7 +129,7 @@ def test_run_command_applies_serves_metrics_and_stops_on_sigterm(
     server = triton_server(demo_models.GPU_SIM)
     runner = run_command_until(
         "apiVersion: batchpilot.dev/v1alpha1\nkind: BatchPolicy\nmetadata: {name: cli}\n"
-        "spec:\n  target: {selector: {}, models: [gpu_sim]}\n"
+        "spec:\n  target: {selector: {matchLabels: {app: triton}}, models: [gpu_sim]}\n"
         "  profiles: {bulk: {maxQueueDelayMicroseconds: 20000, preferredBatchSizes: [32]}}\n"
         "  defaultProfile: bulk\n",
         ["--triton", server.http_url, "--triton-metrics", server.metrics_url],

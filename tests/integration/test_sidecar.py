@@ -227,7 +227,7 @@ def test_the_fit_recovers_the_emulated_step_time_within_15_percent(
 
 def policy(*, autotune: bool) -> specs.BatchPolicySpec:
     return make_spec(
-        target={"selector": {}, "models": [GPU_SIM]},
+        target={"selector": {"matchLabels": {"app": "triton"}}, "models": [GPU_SIM]},
         profiles={
             "bulk": {"maxQueueDelayMicroseconds": STATIC_DELAY_US, "preferredBatchSizes": [64, 128]}
         },
@@ -323,7 +323,7 @@ def test_the_runner_command_autotunes_from_a_sidecar(
 ) -> None:
     runner = run_command_until(
         "apiVersion: batchpilot.dev/v1alpha1\nkind: BatchPolicy\nmetadata: {name: tuned}\n"
-        "spec:\n  target: {selector: {}, models: [gpu_sim]}\n"
+        "spec:\n  target: {selector: {matchLabels: {app: triton}}, models: [gpu_sim]}\n"
         "  profiles: {bulk: {maxQueueDelayMicroseconds: 100000}}\n"
         "  defaultProfile: bulk\n  load: {source: sidecar}\n"
         "  slo: {p95LatencyMs: 30, autotune: true, minQueueDelayMicroseconds: 100,"

@@ -7,13 +7,15 @@ They record what the code under test asked for, in order, so tests can assert on
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import copy
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from batchpilot.applying import actuators, backoffs, fleets, overrides
 from batchpilot.applying.replicas import Replica
 from batchpilot.policy import rendering, specs
-from batchpilot_triton import servers
+from batchpilot_triton import modelconfigs, repositories, servers
 
 
 def target(name: str, *, gated: bool = False, gate: str | None = None, ip: str = "") -> Replica:
@@ -121,11 +123,17 @@ class FakeGates:
     def __init__(self, fleet: FakeFleet | None = None) -> None:
         self.fleet = fleet
         self.changes: list[tuple[str, bool, str]] = []
+        self.messages: list[str] = []
+        self.fail: dict[bool, BaseException] = {}
+        """The API error a write of the gate to True (or False) raises, once."""
 
     async def set_gate(
         self, namespace: str, pod: str, *, applied: bool, reason: str, message: str
     ) -> None:
+        if applied in self.fail:
+            raise self.fail.pop(applied)
         self.changes.append((pod, applied, reason))
+        self.messages.append(message)
         if self.fleet is not None:
             self.fleet.calls.append(("gate-" + ("open" if applied else "close"), pod))
 
@@ -139,3 +147,139 @@ class FakePods:
         self, namespace: str, target_spec: specs.Target
     ) -> tuple[list[Replica], list[str]]:
         return list(self.found), list(self.skipped)
+
+
+SWITCH_STEPS = (
+    "survey",
+    "check",
+    "drain",
+    "read-config",
+    "unload",
+    "unloading",
+    "load",
+    "load-answer-lost",
+    "verify-ready",
+    "verify-config",
+)
+"""The calls a gated switch with unloadBeforeLoad makes to Triton, in order; a fault at
+`load-answer-lost` strikes after the server took the load. The survey and the check come
+before the gate closes."""
+
+
+LLM_SWITCH_STEPS = (*SWITCH_STEPS[:4], "engine-arguments", *SWITCH_STEPS[4:])
+"""The same for a model served by vLLM: its repository's model.json is read (from the sidecar,
+in a cluster) after the served configuration."""
+
+
+class ScriptedTriton(servers.TritonServer):
+    """One Triton server serving one model as Triton does (a load replaces its configuration, an
+    unload leaves it UNLOADING for a look, then gone), with dynamic batching or served by vLLM or
+    TensorRT-LLM (`backend`); with a fault injected at one step of a switch: raised once, or,
+    `sticky`, at every call from then on (a server that broke for good)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        fault_at: str | None = None,
+        fault: BaseException | None = None,
+        sticky: bool = False,
+        backend: str = "python",
+    ) -> None:
+        super().__init__(url)
+        self.repository_config: dict[str, Any] = {
+            "vllm": {"name": "gpu_sim", "backend": "vllm", "max_batch_size": 0, "parameters": {}},
+            "tensorrtllm": {
+                "name": "gpu_sim",
+                "backend": "tensorrtllm",
+                "max_batch_size": 64,
+                "parameters": {
+                    "gpt_model_type": {"string_value": "inflight_fused_batching"},
+                    "batch_scheduler_policy": {"string_value": "guaranteed_no_evict"},
+                },
+            },
+        }.get(
+            backend,
+            {
+                "name": "gpu_sim",
+                "backend": backend,
+                "max_batch_size": 32,
+                "dynamic_batching": {
+                    "max_queue_delay_microseconds": 100,
+                    "preferred_batch_size": [32],
+                },
+                "parameters": {},
+            },
+        )
+        self.model_json: dict[str, Any] = {"model": "/models/tiny", "max_num_seqs": 16}
+        """The repository's model.json (a vLLM model's engine arguments)."""
+        self.loaded_files: Mapping[str, bytes] = {}
+        """The file overrides of the last load."""
+        self.served: dict[str, Any] | None = copy.deepcopy(self.repository_config)
+        """The configuration it serves; None once unloaded."""
+        self.unloading = False
+        self.fault_at = fault_at
+        self.fault = fault
+        self.sticky = sticky
+        self.broken = False
+        self.config_reads = 0
+
+    def _step(self, step: str) -> None:
+        if self.broken or step == self.fault_at:
+            self.broken = self.sticky
+            self.fault_at = None
+            assert self.fault is not None
+            raise self.fault
+
+    async def metrics_text(self) -> str:
+        self._step("drain")
+        return ""
+
+    async def loaded_models(self) -> list[str]:
+        self._step("survey")
+        return ["gpu_sim"] if self.served is not None else []
+
+    async def model_config(self, model: str) -> modelconfigs.ModelConfig:
+        self.config_reads += 1
+        reads = {1: "check", 2: "read-config"}
+        self._step(reads.get(self.config_reads, "verify-config"))
+        if self.served is None:
+            raise servers.ModelUnavailable(self.url, f"config of {model}: unknown model")
+        return copy.deepcopy(self.served)
+
+    async def model_ready(self, model: str) -> bool:
+        self._step("verify-ready")
+        return self.served is not None
+
+    async def repository_index(self) -> list[dict[str, Any]]:
+        self._step("unloading")
+        state = "UNLOADING" if self.unloading else ("READY" if self.served else "UNAVAILABLE")
+        self.unloading = False
+        return [{"name": "gpu_sim", "state": state}]
+
+    async def unload(self, model: str) -> None:
+        self._step("unload")
+        self.served, self.unloading = None, True
+
+    async def load(
+        self,
+        model: str,
+        config: modelconfigs.ModelConfig | None = None,
+        *,
+        files: Mapping[str, bytes] | None = None,
+    ) -> None:
+        self._step("load")
+        self.served = copy.deepcopy(config or self.repository_config)
+        self.loaded_files = dict(files or {})
+        self._step("load-answer-lost")
+
+    async def repository_arguments(
+        self, replica: Replica, model: str
+    ) -> repositories.RepositoryArguments:
+        """As the sidecar beside it serves them: it is the `EngineArgumentsSource` too."""
+        self._step("engine-arguments")
+        return repositories.RepositoryArguments("1", dict(self.model_json))
+
+    @property
+    def profile(self) -> str | None:
+        return None if self.served is None else modelconfigs.applied_profile(self.served)

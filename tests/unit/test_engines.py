@@ -119,3 +119,39 @@ async def test_a_repository_that_cannot_give_the_model_json_refuses_the_profile(
     repository = engines.ModelRepository(tmp_path)
     with pytest.raises(engines.EngineArgumentsUnavailable, match=r"no model\.json in a version"):
         await repository.repository_arguments(replicas.from_url("http://127.0.0.1:8000"), "llm")
+
+
+@pytest.mark.parametrize("written", ["8k", 8192.5, True, [8192]])
+def test_a_max_model_len_that_is_not_a_count_refuses_the_profile_saying_so(written: Any) -> None:
+    base = engines.RepositoryArguments("1", {**BASE.arguments, "max_model_len": written})
+    no_chunking = settings(maxNumBatchedTokens=4096, chunkedPrefill=False)
+    with pytest.raises(overrides.ProfileRefused, match=r"max_model_len .* not a whole number"):
+        engines.merge(SERVED, base, no_chunking, profile="bulk", model="m")
+    # A count written as a string is a count.
+    counted = engines.RepositoryArguments("1", {**BASE.arguments, "max_model_len": "8192"})
+    with pytest.raises(overrides.ProfileRefused, match=r"4096 is below model 'm'.s max_model_len"):
+        engines.merge(SERVED, counted, no_chunking, profile="bulk", model="m")
+
+
+def test_malformed_engine_arguments_on_the_served_config_are_unknown_and_written_afresh() -> None:
+    served = json.loads(json.dumps(SERVED))
+    served["parameters"][modelconfigs.ENGINE_ARGUMENTS_PARAMETER] = {"string_value": "{not json"}
+    served["parameters"][modelconfigs.PROFILE_PARAMETER] = {"string_value": "interactive"}
+    assert modelconfigs.malformed_parameters(served) == [
+        "batchpilot.dev/engine-arguments ('{not json' is not a JSON object)"
+    ]
+    assert not engines.runs(served, settings(maxNumSeqs=4), profile="interactive", model="m")
+    wanted = engines.merge(served, BASE, settings(maxNumSeqs=4), profile="interactive", model="m")
+    assert engines.applied_arguments(wanted.config) == {"max_num_seqs": 4}
+    # A rollback to it loads the repository's own model.json.
+    assert engines.restoring(served, BASE).files == {}
+
+
+def test_a_rollback_to_the_repository_s_own_files_is_verified_once_it_serves() -> None:
+    # Before, it wanted the profile "" where the served configuration names none, so every such
+    # rollback of a vLLM model read as failed and left its Pod out of its Services.
+    restore = engines.restoring(SERVED, BASE)
+    assert restore.files == {}
+    assert engines.matches(json.loads(json.dumps(SERVED)), restore)
+    applied = engines.merge(SERVED, BASE, settings(maxNumSeqs=4), profile="bulk", model="m")
+    assert not engines.matches(json.loads(json.dumps(applied.config)), restore)

@@ -93,17 +93,19 @@ def test_explain_text_output_reads_well(capsys: pytest.CaptureFixture[str]) -> N
         ("{not yaml", "(yaml)"),
         ("kind: Deployment\napiVersion: apps/v1\n", "kind: must be BatchPolicy"),
         (
-            "target: {selector: {}}\nprofiles: {a: {maxQueueDelayMicroseconds: 1}}\n"
+            "target: {selector: {matchLabels: {app: triton}}}\n"
+            "profiles: {a: {maxQueueDelayMicroseconds: 1}}\n"
             "defaultProfile: a\nschedule: {timezone: Mars/Olympus}\n",
             "spec.schedule.timezone: unknown time zone 'Mars/Olympus'",
         ),
         (
-            "target: {selector: {}}\nprofiles: {a: {maxQueueDelayMicroseconds: 1}}\n"
+            "target: {selector: {matchLabels: {app: triton}}}\n"
+            "profiles: {a: {maxQueueDelayMicroseconds: 1}}\n"
             "defaultProfile: a\nschedule: {calendar: NOPE}\n",
             "spec.schedule.calendar: unknown exchange calendar 'NOPE'",
         ),
         (
-            "target: {selector: {}}\n"
+            "target: {selector: {matchLabels: {app: triton}}}\n"
             "profiles: {a: {maxQueueDelayMicroseconds: 1, maxQueueDelay: 5}}\n"
             "defaultProfile: a\n",
             "spec.profiles.a.maxQueueDelay: Extra inputs are not permitted",
@@ -135,7 +137,8 @@ def test_missing_file_and_bad_arguments_are_clear(
 def test_unquoted_time_gets_a_hint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     policy = tmp_path / "policy.yaml"
     policy.write_text(
-        "target: {selector: {}}\nprofiles: {a: {maxQueueDelayMicroseconds: 1}}\n"
+        "target: {selector: {matchLabels: {app: triton}}}\n"
+        "profiles: {a: {maxQueueDelayMicroseconds: 1}}\n"
         "defaultProfile: a\nschedule: {windows: [{profile: a, start: '09:30', end: 16:00}]}\n",
         encoding="utf-8",
     )
@@ -168,7 +171,7 @@ def test_explain_shows_an_llm_profile_s_tensorrt_llm_parameters(
 ) -> None:
     policy = tmp_path / "policy.yaml"
     policy.write_text(
-        "target: {selector: {}}\n"
+        "target: {selector: {matchLabels: {app: triton}}}\n"
         "profiles: {bulk: {llm: {batchSchedulerPolicy: maxUtilization, chunkedPrefill: true}}}\n"
         "defaultProfile: bulk\n",
         encoding="utf-8",

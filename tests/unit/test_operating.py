@@ -7,13 +7,14 @@ import dataclasses
 import datetime
 from typing import Any
 
+import kopf
 import operator_fakes
 import pytest
 
-from batchpilot import operating, reconciling, reporting, telemetry
+from batchpilot import handlers, operating, reconciling, reporting, telemetry
 from batchpilot.applying import fleets
 from batchpilot.applying.replicas import Replica
-from batchpilot.policy import specs
+from batchpilot.policy import governing, specs
 from batchpilot.signals import prometheus, sidecars, sources
 from batchpilot_harness import local_triton
 from builders import spec_document
@@ -37,7 +38,9 @@ class ScriptedReconciler:
     async def forget_policy(self, namespace: str, name: str) -> None:
         self.forgotten.append((namespace, name))
 
-    async def release_pods(self, namespace: str, spec: dict[str, Any]) -> list[str]:
+    async def release_pods(
+        self, namespace: str, spec: dict[str, Any], *, name: str = ""
+    ) -> list[str]:
         self.released.append((namespace, asyncio.get_running_loop().time()))
         return ["triton-0"]
 
@@ -174,6 +177,16 @@ async def test_a_deleted_policy_releases_its_pods_only_once_its_loop_has_stopped
     assert len(reconciler.released) == 2
 
 
+async def test_a_deleted_policy_pokes_the_others_of_its_namespace() -> None:
+    """A Pod it governed may pass to another policy that selects it too."""
+    subject = controller(ScriptedReconciler(), Recorder())
+    for namespace, name in (("ns", "newer"), ("ns", "fleet"), ("elsewhere", "desk")):
+        subject.wakeup(namespace, name)
+    await subject.policy_deleted(namespace="ns", name="fleet", spec=spec_document())
+    assert subject.wakeup("ns", "newer").is_set()
+    assert not subject.wakeup("elsewhere", "desk").is_set()
+
+
 @pytest.mark.looptime
 async def test_wakes_at_the_next_transition_before_the_interval() -> None:
     reconciler = ScriptedReconciler(wake_after=2)
@@ -289,3 +302,36 @@ async def test_signals_from_triton_or_prometheus_when_the_policy_says_so(
     source = build("ns", policy, [sidecar_target("pod-1", 9400)])
     assert isinstance(source, kind)
     await source.close()
+
+
+async def test_the_governors_are_read_from_kopf_s_live_index_of_every_policy() -> None:
+    subject = controller(ScriptedReconciler(), Recorder())
+    assert subject.governors("ns") == []
+    selector = {"matchLabels": {"app": "triton"}}
+    index: dict[str | None, list[operating.GovernorEntry]] = {
+        "ns": [("desk", "2026-01-01T00:00:00Z", selector)]
+    }
+    subject.governors_index = index
+    assert subject.governors("ns") == [
+        governing.Governor(name="desk", created="2026-01-01T00:00:00Z", selector=selector)
+    ]
+    index["ns"].append(("later", "2026-02-01T00:00:00Z", selector))  # the index is live
+    assert [policy.name for policy in subject.governors("ns")] == ["desk", "later"]
+    assert subject.governors("elsewhere") == []
+
+
+def test_the_governors_index_keeps_each_policy_s_name_creation_time_and_selector() -> None:
+    body = kopf.Body(
+        {
+            "metadata": {
+                "name": "desk",
+                "namespace": "ns",
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+            },
+            "spec": {"target": {"selector": {"matchLabels": {"app": "triton"}}}},
+        }
+    )
+    entry = handlers.governors_by_namespace(
+        namespace="ns", name="desk", spec=body.spec, meta=body.metadata
+    )
+    assert entry == {"ns": ("desk", "2026-01-01T00:00:00Z", {"matchLabels": {"app": "triton"}})}

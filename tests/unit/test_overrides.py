@@ -124,3 +124,22 @@ def test_model_without_batching_is_refused() -> None:
     unbatched["max_batch_size"] = 0
     with pytest.raises(overrides.ProfileRefused, match="does not batch"):
         overrides.check(unbatched, settings(), model="m")
+
+
+@pytest.mark.parametrize("stored", ["abc", "", "-3", "1e3", "١٢٨"])
+def test_a_malformed_baseline_is_ignored_reported_and_written_afresh(stored: str) -> None:
+    capped = served_after(
+        overrides.merge(SERVED, settings(maxBatchSize=16), profile="a", model="m")
+    )
+    capped["parameters"][modelconfigs.BASELINE_PARAMETER] = {"string_value": stored}
+    assert modelconfigs.malformed_parameters(capped) == [
+        f"{modelconfigs.BASELINE_PARAMETER} ({stored!r} is not a count)"
+    ]
+    # The served max_batch_size stands in: the most the model is known to take.
+    wanted = overrides.merge(capped, settings(), profile="a", model="m")
+    assert wanted.config["max_batch_size"] == 16
+    assert modelconfigs.parameter(wanted.config, modelconfigs.BASELINE_PARAMETER) == "16"
+    assert not overrides.matches(capped, wanted)  # one reload writes it afresh
+    assert overrides.matches(served_after(wanted), wanted)
+    with pytest.raises(overrides.ProfileRefused, match=r"above model 'm'.s own max_batch_size 16"):
+        overrides.check(capped, settings(maxBatchSize=64), model="m")

@@ -30,7 +30,7 @@ def pod(
 
 
 def target_spec(**fields: Any) -> specs.Target:
-    return specs.Target.model_validate({"selector": {}, **fields})
+    return specs.Target.model_validate({"selector": {"matchLabels": {"app": "triton"}}, **fields})
 
 
 def test_named_ports_resolve_and_pods_without_ip_or_running_are_skipped() -> None:

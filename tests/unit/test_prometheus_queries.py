@@ -3,6 +3,11 @@ Pods and models (a real Prometheus answers them in tests/integration/test_promet
 
 from __future__ import annotations
 
+import json
+import re
+
+import pytest
+
 from batchpilot.policy import decisions, specs
 from batchpilot.signals import prometheus
 
@@ -45,3 +50,26 @@ def test_the_classic_queries_keep_their_families() -> None:
     assert queries["gpuUtilization"] == (
         'avg(nv_gpu_utilization{namespace="chat",pod=~"triton-0|triton-1"}) * 100'
     )
+
+
+# A double-quoted PromQL string: Go's escapes, which JSON's decoder reads for these names.
+QUOTED = r'"(?:[^"\\]|\\.)*"'
+
+
+@pytest.mark.parametrize(
+    "name", ['say"hi', "back\\slash", 'both\\"', "dot.ted", "a|b", "star*", "tiny_llm", "ünï-code"]
+)
+def test_a_model_name_is_matched_literally_whatever_it_holds(name: str) -> None:
+    query = prometheus.queries(namespace="chat", pods=["triton-0"], models=[name], window="1m")
+    selector = query["queueDepth"]
+    matched = re.fullmatch(
+        rf'sum\(nv_inference_pending_request_count\{{namespace="chat",pod=~{QUOTED},'
+        rf"model=~({QUOTED})\}}\)",
+        selector,
+    )
+    assert matched is not None, selector
+    regex = json.loads(matched.group(1))
+    assert re.fullmatch(regex, name)
+    assert not re.fullmatch(regex, name + "x")
+    if "." in name:
+        assert not re.fullmatch(regex, name.replace(".", "X"))

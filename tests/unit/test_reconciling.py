@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 from typing import Any
 
@@ -11,7 +12,7 @@ from operator_fakes import FakeFleet, FakeGates, FakePods, FakeServer, target
 
 from batchpilot import reconciling, telemetry
 from batchpilot.applying.replicas import Replica
-from batchpilot.policy import decisions, specs
+from batchpilot.policy import decisions, governing, specs
 from batchpilot.signals import sources
 from builders import market_hours, ny, spec_document, utc
 
@@ -116,7 +117,9 @@ async def test_invalid_spec_changes_nothing_and_is_reported_once() -> None:
 @pytest.mark.looptime
 async def test_a_model_the_servers_lack_is_an_invalid_spec() -> None:
     targets, fleet = two_servers()
-    spec = spec_document(target={"selector": {}, "models": ["gpu_sim", "torch_mlp"]})
+    spec = spec_document(
+        target={"selector": {"matchLabels": {"app": "triton"}}, "models": ["gpu_sim", "torch_mlp"]}
+    )
     outcome = await reconcile(reconciler(targets, fleet), spec)
     invalid = next(c for c in outcome.status["conditions"] if c["type"] == "InvalidSpec")
     assert invalid["message"].startswith(
@@ -422,3 +425,70 @@ async def test_a_deleted_policy_whose_target_says_nothing_opens_nothing() -> Non
     subject = reconciler([target("triton-0", gated=True, gate="False")], FakeFleet({}), gates)
     assert await subject.release_pods("ns", {"target": {"port": "http"}}) == []
     assert gates.changes == []
+
+
+@pytest.mark.looptime
+async def test_two_policies_selecting_one_pod_do_not_flap_it_the_older_governs() -> None:
+    labelled = [
+        dataclasses.replace(replica, labels=(("app", "triton"),))
+        for replica in (target("triton-0"), target("triton-1"))
+    ]
+    fleet = FakeFleet({replica.http_url: FakeServer() for replica in labelled})
+    selector = {"matchLabels": {"app": "triton"}}
+    policies = [
+        # Listed newest first: seniority, not order, decides.
+        governing.Governor("new-desk", "2026-06-01T00:00:00Z", selector),
+        governing.Governor("old-desk", "2026-01-01T00:00:00Z", selector),
+    ]
+    subject = reconciler(labelled, fleet)
+    subject.governors = lambda namespace: policies
+    wants = {"old-desk": "interactive", "new-desk": "bulk"}
+    states = {name: reconciling.PolicyMemory() for name in wants}
+    status: dict[str, dict[str, Any]] = {name: {} for name in wants}
+    events: dict[str, list[str]] = {name: [] for name in wants}
+
+    for _ in range(3):
+        for name, profile in wants.items():
+            outcome = await subject.reconcile(
+                namespace="ns",
+                name=name,
+                spec=spec_document(defaultProfile=profile),
+                status=status[name],
+                generation=1,
+                state=states[name],
+            )
+            status[name] = outcome.status
+            events[name] += [event.reason for event in outcome.events]
+
+    assert [server.profile for server in fleet.servers.values()] == ["interactive"] * 2
+    assert [call for call, _ in fleet.calls] == ["apply", "apply"]  # once each, never back
+    assert conditions(status["old-desk"])["PodsContested"] == ("False", "NoOverlap")
+    assert conditions(status["new-desk"])["PodsContested"] == (
+        "True",
+        "GovernedByAnotherPolicy",
+    )
+    message = next(
+        c["message"] for c in status["new-desk"]["conditions"] if c["type"] == "PodsContested"
+    )
+    assert "pod triton-0 is governed by policy 'old-desk'" in message
+    assert events["new-desk"].count("PodsContested") == 1  # a standing problem, said once
+    assert status["new-desk"]["targets"]["total"] == 0
+    ready = next(c for c in status["new-desk"]["conditions"] if c["type"] == "Ready")
+    assert ready["message"] == "every Pod it selects is governed by an older policy"
+
+
+@pytest.mark.looptime
+async def test_a_deleted_policy_opens_no_gate_of_a_pod_an_older_policy_governs() -> None:
+    closed = dataclasses.replace(
+        target("triton-0", gated=True, gate="False"), labels=(("app", "triton"),)
+    )
+    gates = FakeGates()
+    subject = reconciler([closed], FakeFleet({closed.http_url: FakeServer()}), gates)
+    selector = {"matchLabels": {"app": "triton"}}
+    subject.governors = lambda namespace: [
+        governing.Governor("old-desk", "2026-01-01T00:00:00Z", selector)
+    ]
+    # The older policy may be half way through switching it: its gate is that policy's.
+    assert await subject.release_pods("ns", spec_document(), name="new-desk") == []
+    assert await subject.release_pods("ns", spec_document(), name="old-desk") == ["triton-0"]
+    assert gates.changes == [("triton-0", True, "PolicyDeleted")]

@@ -85,3 +85,20 @@ def test_a_document_that_is_no_repository_arguments_is_refused(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         repositories.RepositoryArguments.from_json(document)
+
+
+@pytest.mark.parametrize("odd", ["²", "١٢", "٣", "\uff11"])
+def test_only_ascii_digits_name_a_version(tmp_path: Path, odd: str) -> None:
+    # str.isdigit takes these: int() refuses '²' (an HTTP 500 in the sidecar) and reads '١٢'
+    # as 12, which would have become the override key `file:١٢/model.json`.
+    write_model_json(tmp_path, "llm", "1", json.dumps({"model": "x"}))
+    write_model_json(tmp_path, "llm", odd, json.dumps({"model": "odd"}))
+    found = repositories.read_repository_arguments(tmp_path, "llm")
+    assert found == repositories.RepositoryArguments("1", {"model": "x"})
+    with pytest.raises(ValueError, match="is not a version directory's name"):
+        repositories.RepositoryArguments.from_json({"version": odd, "arguments": {}})
+
+
+def test_a_version_keeps_its_directory_name(tmp_path: Path) -> None:
+    write_model_json(tmp_path, "llm", "007", json.dumps({"model": "x"}))
+    assert repositories.read_repository_arguments(tmp_path, "llm").version == "007"

@@ -210,7 +210,8 @@ async def test_signals_carry_the_fewest_sequences_and_the_most_tokens_over_sidec
     await decoded(tight, first, first_clock, prompt_tokens=2048)
     await decoded(loose, second, second_clock, running_counts=(1, 2, 3, 4), prompt_tokens=64)
     spec = make_spec(
-        target={"selector": {}, "models": [MODEL]}, slo={"ttftP95Ms": 100, "itlP95Ms": 10}
+        target={"selector": {"matchLabels": {"app": "triton"}}, "models": [MODEL]},
+        slo={"ttftP95Ms": 100, "itlP95Ms": 10},
     )
     async with AsyncExitStack() as stack:
         urls = [await stack.enter_async_context(serving_app(c)) for c in (first, second)]

@@ -24,7 +24,9 @@ async def test_signals_add_up_over_sidecars_and_the_smallest_recommendation_wins
     second = make_collector(FakeTriton(quiet), second_clock, rate_window=5.0)
     await fitted(busy, first, first_clock, requests=2000)
     await fitted(quiet, second, second_clock, requests=100)
-    spec = make_spec(target={"selector": {}, "models": ["gpu_sim"]}, slo=SLO)
+    spec = make_spec(
+        target={"selector": {"matchLabels": {"app": "triton"}}, "models": ["gpu_sim"]}, slo=SLO
+    )
     async with AsyncExitStack() as stack:
         urls = [await stack.enter_async_context(serving_app(c)) for c in (first, second)]
         source = sidecars.SidecarSource(urls, models=spec.target.models, slo=spec.slo)

@@ -2,14 +2,18 @@
 
 The sequence is level-based and idempotent, so callers can run it every tick:
 
-1. read the served configuration; refuse a profile the model cannot take (nothing changes);
+1. read the served configuration; refuse a profile the model cannot take (nothing changes;
+   anything else that breaks here changes nothing either, and says so: `NotApplied`);
 2. if the served configuration already matches, stop: no reload, no stall;
 3. optionally unload first, so a GPU never holds two copies of the model: Triton answers an
    unload at once and ends the old instances in the background (its index says UNLOADING), so
    the load waits until the index says they are gone;
 4. load with the merged configuration as an override;
 5. verify: the server reports the new configuration and the model is ready;
-6. if the load or the verification fails, load the previous configuration again and report.
+6. if anything breaks once a change began (an unload, a load, the verification; a rejection,
+   a server gone quiet, an answer nobody expected), load the previous configuration again and
+   report whether it serves (`ApplyFailed`). The caller that owns the readiness gate decides
+   from that alone whether the Pod may take requests again.
 """
 
 from __future__ import annotations
@@ -35,6 +39,12 @@ class Applied:
     reloaded: bool
     """False when the server already ran the profile: nothing was sent."""
     seconds: float
+    notes: tuple[str, ...] = ()
+    """What was wrong with the served configuration and set right (or left) on the way."""
+
+
+class NotApplied(servers.TritonError):
+    """Applying broke before anything was sent to the server: it serves what it served."""
 
 
 class ApplyFailed(servers.TritonError):
@@ -57,19 +67,76 @@ async def apply_profile(
     engine_arguments: engines.EngineArgumentsSource | None = None,
     replica: Replica | None = None,
 ) -> Applied:
-    """Make `model` on `server` run `profile`; raises ProfileRefused, ApplyFailed or TritonError.
+    """Make `model` on `server` run `profile`.
 
-    A model served by vLLM takes the profile's `llm` settings in its `model.json`, built on the
-    repository's, which `engine_arguments` reads for `replica` (default: the server, named by its
-    URL); one served by TensorRT-LLM takes them as config parameters."""
+    Raises ProfileRefused, NotApplied or ExplicitModeRequired when nothing was changed (the
+    server serves what it served), ApplyFailed once a change began (whether the previous
+    configuration serves again), or Unreachable and ModelUnavailable when the model could not
+    even be read. A model served by vLLM takes the profile's `llm` settings in its
+    `model.json`, built on the repository's, which `engine_arguments` reads for `replica`
+    (default: the server, named by its URL); one served by TensorRT-LLM takes them as config
+    parameters."""
     clock = asyncio.get_running_loop().time
     started = clock()
-    served = await server.model_config(model)
+    try:
+        served = await server.model_config(model)
+        change = await _planned(server, model, served, settings, profile, engine_arguments, replica)
+    except (overrides.ProfileRefused, servers.Unreachable, servers.ModelUnavailable):
+        raise
+    except Exception as error:
+        # Nothing was sent: whatever went wrong (a malformed file, an odd answer), the server
+        # serves what it served.
+        raise NotApplied(
+            server.url, f"applying {profile} to {model}: {_described(error)}"
+        ) from error
     previous_profile = modelconfigs.applied_profile(served)
-    base: engines.RepositoryArguments | None = None
+    if change is None:
+        return Applied(model, profile, previous_profile, False, clock() - started, _notes(served))
+    wanted, base = change
+    sent = False
+    try:
+        if unload_first:
+            await server.unload(model)
+            sent = True
+            await _unloaded(server, model, within=verify_timeout)
+        await server.load(model, wanted.config, files=wanted.files)
+        sent = True
+        await _verify(server, model, wanted, within=verify_timeout)
+    except servers.ExplicitModeRequired as error:
+        if not sent:
+            raise  # refused before anything changed
+        raise ApplyFailed(
+            server.url,
+            f"applying {profile} to {model} failed: {error.message}",
+            rolled_back=await _restore(server, model, served, base, within=verify_timeout),
+        ) from error
+    except Exception as error:
+        # Whatever broke the change (a rejected load, a server gone quiet mid-load with the
+        # model unloaded, an answer nobody expected), the previous configuration is loaded
+        # again before anyone hears of it.
+        rolled_back = await _restore(server, model, served, base, within=verify_timeout)
+        raise ApplyFailed(
+            server.url,
+            f"applying {profile} to {model} failed: {_described(error)}",
+            rolled_back=rolled_back,
+        ) from error
+    return Applied(model, profile, previous_profile, True, clock() - started, _notes(served))
+
+
+async def _planned(
+    server: servers.TritonServer,
+    model: str,
+    served: modelconfigs.ModelConfig,
+    settings: rendering.Settings,
+    profile: str,
+    engine_arguments: engines.EngineArgumentsSource | None,
+    replica: Replica | None,
+) -> tuple[overrides.Override, engines.RepositoryArguments | None] | None:
+    """The load request that makes the model run the profile, and the repository's engine
+    arguments it is built on; None when the server runs the profile already."""
     if engines.is_llm_engine(served):
         if engines.runs(served, settings, profile=profile, model=model):
-            return Applied(model, profile, previous_profile, False, clock() - started)
+            return None
         if engine_arguments is None:
             raise engines.EngineArgumentsUnavailable(
                 f"model {model!r} is served by Triton's vLLM backend: setting its engine "
@@ -78,31 +145,24 @@ async def apply_profile(
         base = await engine_arguments.repository_arguments(
             replica or replicas.from_url(server.url), model
         )
-        wanted: overrides.Override = engines.merge(
-            served, base, settings, profile=profile, model=model
-        )
-    else:
-        wanted = _merge(served, settings, profile=profile, model=model)
-        if _matches(served, wanted):
-            return Applied(model, profile, previous_profile, False, clock() - started)
+        return engines.merge(served, base, settings, profile=profile, model=model), base
+    wanted = _merge(served, settings, profile=profile, model=model)
+    return None if _matches(served, wanted) else (wanted, None)
 
-    try:
-        if unload_first:
-            await server.unload(model)
-            await _unloaded(server, model, within=verify_timeout)
-        await server.load(model, wanted.config, files=wanted.files)
-        await _verify(server, model, wanted, within=verify_timeout)
-    except (servers.LoadRejected, _NotVerified) as error:
-        previous = (
-            overrides.Override(served, previous_profile or "")
-            if base is None
-            else engines.restoring(served, base)
-        )
-        rolled_back = await _restore(server, model, previous, within=verify_timeout)
-        raise ApplyFailed(
-            server.url, f"applying {profile} to {model} failed: {error}", rolled_back=rolled_back
-        ) from None
-    return Applied(model, profile, previous_profile, True, clock() - started)
+
+def _described(error: BaseException) -> str:
+    if isinstance(error, servers.TritonError):
+        return error.message
+    if isinstance(error, _NotVerified):
+        return str(error)
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
+def _notes(served: modelconfigs.ModelConfig) -> tuple[str, ...]:
+    return tuple(
+        f"ignored its malformed config parameter {problem}"
+        for problem in modelconfigs.malformed_parameters(served)
+    )
 
 
 def runs(
@@ -162,12 +222,23 @@ async def _unloaded(server: servers.TritonServer, model: str, *, within: float) 
 
 
 async def _restore(
-    server: servers.TritonServer, model: str, previous: overrides.Override, *, within: float
+    server: servers.TritonServer,
+    model: str,
+    served: modelconfigs.ModelConfig,
+    base: engines.RepositoryArguments | None,
+    *,
+    within: float,
 ) -> bool:
-    """Load the previous configuration again; True once the server serves it."""
+    """Load the configuration the server served before the change again; True once the server
+    serves it. Never raises: a rollback that breaks is a rollback that failed."""
     try:
+        previous = (
+            overrides.Override(served, modelconfigs.applied_profile(served) or "")
+            if base is None
+            else engines.restoring(served, base)
+        )
         await server.load(model, previous.config, files=previous.files)
         await _verify(server, model, previous, within=within)
-    except (servers.TritonError, _NotVerified):
+    except Exception:
         return False
     return True

@@ -120,20 +120,31 @@ def check(base: RepositoryArguments, settings: rendering.Settings, *, model: str
     arguments = {**base.arguments, **engine_arguments}
     if "model" not in arguments:
         raise ProfileRefused(f"model {model!r}: its {ENGINE_ARGUMENTS_FILE} names no model")
-    tokens = arguments.get("max_num_batched_tokens")
-    max_model_len = arguments.get("max_model_len")
-    if (
-        tokens is not None
-        and max_model_len is not None
-        and arguments.get("enable_chunked_prefill") is False
-        and int(tokens) < int(max_model_len)
-    ):
+    if arguments.get("enable_chunked_prefill") is not False:
+        return engine_arguments
+    tokens = _token_count(arguments, "max_num_batched_tokens", model=model)
+    max_model_len = _token_count(arguments, "max_model_len", model=model)
+    if tokens is not None and max_model_len is not None and tokens < max_model_len:
         raise ProfileRefused(
             f"maxNumBatchedTokens {tokens} is below model {model!r}'s max_model_len "
             f"{max_model_len}: without chunked prefill a prompt that long could never be "
             "scheduled"
         )
     return engine_arguments
+
+
+def _token_count(arguments: Mapping[str, Any], key: str, *, model: str) -> int | None:
+    """An engine argument that counts tokens, as a number; refuses one that is not a count."""
+    value = arguments.get(key)
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    raise ProfileRefused(
+        f"model {model!r}: its {ENGINE_ARGUMENTS_FILE} sets {key} to {str(value)[:40]!r}, not a "
+        "whole number of tokens, so batchpilot cannot check the profile against it; write it as "
+        "a number"
+    )
 
 
 def merge(
@@ -186,10 +197,11 @@ def _canonical(arguments: Mapping[str, Any]) -> str:
 
 
 def matches(served: ModelConfig, wanted: Override) -> bool:
-    """Whether the server already runs the wanted profile and engine arguments."""
-    return modelconfigs.applied_profile(served) == wanted.profile and applied_arguments(
-        served
-    ) == applied_arguments(wanted.config)
+    """Whether the server already runs the wanted profile and engine arguments (a rollback to
+    the repository's own files wants no profile at all)."""
+    return modelconfigs.applied_profile(served) == modelconfigs.applied_profile(
+        wanted.config
+    ) and applied_arguments(served) == applied_arguments(wanted.config)
 
 
 def runs(served: ModelConfig, settings: rendering.Settings, *, profile: str, model: str) -> bool:
@@ -246,8 +258,14 @@ def check_parameters(
 def baseline_parameters(config: Mapping[str, Any]) -> dict[str, str | None]:
     """The repository's values of the config parameters batchpilot set on this served
     configuration (None: the repository has no such parameter)."""
-    stored = modelconfigs.parameter(config, modelconfigs.BASELINE_PARAMETERS_PARAMETER)
-    return {} if stored is None else dict(json.loads(stored))
+    stored = modelconfigs.json_parameter(config, modelconfigs.BASELINE_PARAMETERS_PARAMETER)
+    # Malformed (`modelconfigs.malformed_parameters`): the repository's values are unknown, and
+    # the served ones stand in for them.
+    return {
+        key: value
+        for key, value in (stored or {}).items()
+        if value is None or isinstance(value, str)
+    }
 
 
 def merge_parameters(

@@ -110,8 +110,10 @@ class TritonFleet:
         return actuators.runs(served, settings, profile=profile, model=model)
 
     async def queue(self, url: str, models: Sequence[str]) -> QueueReading:
-        """The models' queued requests and how many requests they have completed so far."""
-        page = await self._ask(url, lambda server: server.metrics_text())
+        """The models' queued requests and how many requests they have completed so far. The
+        metrics page is another endpoint than the model API: a failure to read it (a drain cut
+        short) starts no backoff, which would hold up the switch that follows the drain."""
+        page = await self.server(url).metrics_text()
         snapshot = scraping.parse(page, taken_at=self._clock())
         return QueueReading(
             pending=sum(snapshot.pending(model) for model in models),

@@ -99,6 +99,8 @@ def _comparable(config: ModelConfig) -> dict[str, Any]:
         "max_batch_size": int(config.get("max_batch_size", 0)),
         "dynamic_batching": batching,
         "profile": modelconfigs.applied_profile(config),
+        # A baseline that is not the one the merge writes (a malformed one) is written afresh.
+        "baseline": modelconfigs.parameter(config, modelconfigs.BASELINE_PARAMETER),
     }
 
 

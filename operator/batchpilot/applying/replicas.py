@@ -26,6 +26,8 @@ class Replica:
     """The gate condition's status ("True", "False"), None when unset."""
     kind: str = "server"
     """What the replica is, in messages: "pod" or "server"."""
+    labels: tuple[tuple[str, str], ...] = ()
+    """The Pod's labels, sorted (none for the runner's servers): which policies select it."""
 
     @property
     def title(self) -> str:

@@ -11,8 +11,11 @@ in waves of `rollout.maxUnavailable`. A replica whose Pod carries the
 Pod leaves its Services), the rollout waits for the endpoint change to spread and the replica's
 queued requests to drain, applies, verifies, and sets the gate True again. A replica without the
 gate is switched in place: its requests stall for the length of the reload. A replica that fails
-is rolled back by the actuator and reported; once `maxUnavailable` replicas have failed, the
-rollout stops and the rest keep their current profile until the next attempt. A replica that
+is rolled back by the actuator and reported. Whatever raises, `_switch` alone moves the gate:
+True again while the replica serves a known configuration (the new one, or the previous one:
+refused, not applied, rolled back), else False with a reason and message that say why; nothing
+but a cancellation raises past it. Once `maxUnavailable` replicas have failed, the rollout
+stops and the rest keep their current profile until the next attempt. A replica that
 does not answer is reported and skipped, and is not counted as a failure; but it serves no
 one, so while `maxUnavailable` replicas are out of service (unreachable, or gated out) no other
 gated replica leaves its Services: the rest are held until it is back.
@@ -25,6 +28,7 @@ up-to-date replica is set True again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
@@ -131,6 +135,9 @@ async def survey(replicas: Sequence[Replica], wanted: Sequence[str], fleet: Flee
         except servers.TritonError as error:
             unreachable[replica.name] = error
             return
+        except Exception as error:  # an answer nobody expected: it cannot be governed now
+            unreachable[replica.name] = servers.TritonError(replica.http_url, _message(error))
+            return
         lacking = [model for model in wanted if model not in loaded]
         if lacking:
             missing.append(
@@ -174,6 +181,8 @@ class Outcome:
     """Why it failed this pass; None when it did not, or was not tried (backing off, halted)."""
     drain: Drain | None = None
     """How its drain went, for a gated replica this pass switched."""
+    left_out: bool = False
+    """A gated replica this pass took out of its Services and left out (its gate says why)."""
 
     @property
     def reloads(self) -> int:
@@ -229,14 +238,20 @@ async def roll_out(
         if outcome is None:
             behind.append(replica)
             continue
-        settled.append(outcome)
-        failures += outcome.state in ("Failed", "Unreachable")
         if outcome.state == "Updated" and replica.gated and replica.gate != "True":
             # Up to date but out of its Services: an interrupted rollout left it so.
-            await _open_gate(replica, plan, gates, reason="ConfigApplied")
+            outcome = await _settled(outcome, plan, gates, reason="ConfigApplied")
+        settled.append(outcome)
+        failures += outcome.state in ("Failed", "Unreachable")
     limit = plan.rollout.max_unavailable
     halted = False
     out = set(survey.unreachable)  # not serving, whatever their gates say
+    # Gated replicas left out of their Services that this pass did not bring back.
+    out |= {
+        outcome.replica.name
+        for outcome in settled
+        if _out_of_service(outcome.replica) and (outcome.state != "Updated" or outcome.left_out)
+    }
     # Replicas already out of their Services (an interrupted rollout, a restarted Triton) cost
     # nothing to switch: they go first.
     behind.sort(key=lambda replica: not _out_of_service(replica))
@@ -259,19 +274,13 @@ async def roll_out(
         )
         settled.extend(outcomes)
         failures += sum(outcome.state in ("Failed", "Unreachable") for outcome in outcomes)
-        out |= {outcome.replica.name for outcome in outcomes if _left_out(outcome)}
+        out |= {outcome.replica.name for outcome in outcomes if outcome.left_out}
     return Result(_ordered(settled, replicas), halted, asyncio.get_running_loop().time() - started)
 
 
 def _out_of_service(replica: Replica) -> bool:
     """A gated replica whose gate is not True: its Pod is not Ready, so out of its Services."""
     return replica.gated and replica.gate != "True"
-
-
-def _left_out(outcome: Outcome) -> bool:
-    """A gated replica this pass took out of its Services and did not bring back."""
-    reopened = outcome.state == "Updated" or outcome.error in ("refused", "rejected")
-    return outcome.replica.gated and not reopened
 
 
 def _next_wave(behind: Sequence[Replica], limit: int, out: set[str]) -> list[Replica]:
@@ -345,8 +354,16 @@ def _failed(
     replica: Replica, failure: Exception, applied: Sequence[actuators.Applied] = ()
 ) -> Outcome:
     error = error_of(failure)
-    message = failure.message if isinstance(failure, servers.TritonError) else str(failure)
-    return Outcome(replica, state_of(error), None, message, tuple(applied), error)
+    return Outcome(replica, state_of(error), None, _message(failure), tuple(applied), error)
+
+
+def _message(failure: BaseException) -> str:
+    if isinstance(failure, servers.TritonError):
+        return failure.message
+    if isinstance(failure, overrides.ProfileRefused):
+        return str(failure)
+    # Not one of the failures the apply path names: say what it was, whatever it was.
+    return f"{type(failure).__name__}: {failure}" if str(failure) else type(failure).__name__
 
 
 async def _check(
@@ -357,16 +374,46 @@ async def _check(
         for model in models:
             if not await fleet.runs(replica.http_url, model, plan.settings, profile=plan.profile):
                 return None
-    except (overrides.ProfileRefused, servers.TritonError) as failure:
+    except Exception as failure:  # its gate is untouched: the failure is only reported
         return _failed(replica, failure)
     return Outcome(replica, "Updated", plan.profile)
+
+
+def serving_reason(failure: BaseException) -> str | None:
+    """The gate reason when a failed switch left the replica serving a known configuration
+    (the one it served before, model by model), None when what it serves is unknown."""
+    if isinstance(failure, overrides.ProfileRefused):
+        return "Refused"
+    if isinstance(failure, actuators.ApplyFailed):
+        return "RolledBack" if failure.rolled_back else None
+    if isinstance(failure, actuators.NotApplied | servers.ExplicitModeRequired):
+        return "NotApplied"
+    return None
+
+
+def closed_reason(failure: BaseException) -> str:
+    """The gate reason of a replica a failed switch leaves out of its Services."""
+    if isinstance(failure, actuators.ApplyFailed):
+        return "RollbackFailed"
+    if isinstance(failure, servers.Unreachable):
+        return "Unreachable"
+    if isinstance(failure, servers.ModelUnavailable):
+        return "ModelUnavailable"
+    if isinstance(failure, asyncio.CancelledError):
+        return "Interrupted"
+    return "SwitchFailed"
 
 
 async def _switch(
     replica: Replica, models: Sequence[str], plan: Plan, fleet: Fleet, gates: Gates
 ) -> Outcome:
-    drain: Drain | None = None
-    if replica.gated:
+    """Switch one replica. The one place a switch moves a readiness gate: whatever is raised
+    on the way, a gated replica ends with its gate True while it serves a known configuration,
+    or False with a reason and message that say why (never the "Switching" it closed with)."""
+    if not replica.gated:
+        outcome, _ = await _apply(replica, models, plan, fleet)
+        return outcome
+    try:
         await gates.set_gate(
             plan.namespace,
             replica.name,
@@ -374,6 +421,12 @@ async def _switch(
             reason="Switching",
             message=f"draining before applying {plan.profile}",
         )
+    except Exception as gate_failure:  # nothing was applied, and the Pod was never taken out
+        return dataclasses.replace(
+            _failed(replica, gate_failure),
+            message=f"closing its readiness gate: {_message(gate_failure)}",
+        )
+    try:
         drain = await _drain(replica, models, plan, fleet)
         if drain.ineffective:
             logger.warning(
@@ -383,6 +436,27 @@ async def _switch(
                 drain.arrived,
                 drain.seconds,
             )
+        outcome, failure = await _apply(replica, models, plan, fleet)
+    except asyncio.CancelledError as cancelled:
+        # The operator is stopping or the policy went away mid-switch: what the server runs
+        # is unknown until the next pass looks, so the Pod stays out, saying why.
+        with contextlib.suppress(Exception):
+            await _close_gate(replica, plan, gates, cancelled, "the switch was interrupted")
+        raise
+    outcome = dataclasses.replace(outcome, drain=drain)
+    if failure is None:
+        return await _settled(outcome, plan, gates, reason="ConfigApplied")
+    serving = serving_reason(failure)
+    if serving is not None:
+        return await _settled(outcome, plan, gates, reason=serving)
+    return await _settled(outcome, plan, gates, closed=failure)
+
+
+async def _apply(
+    replica: Replica, models: Sequence[str], plan: Plan, fleet: Fleet
+) -> tuple[Outcome, Exception | None]:
+    """Apply to every model of the replica, one after another; the outcome, and what stopped
+    it (None if nothing did). Every exception but a cancellation ends here."""
     applied: list[actuators.Applied] = []
     try:
         for model in models:
@@ -394,6 +468,8 @@ async def _switch(
                 unload_first=plan.rollout.unload_before_load,
                 verify_timeout=plan.rollout.verify_timeout_seconds,
             )
+            for note in done.notes:
+                logger.warning("%s on %s: %s", model, replica.title, note)
             if done.reloaded:
                 applied.append(done)
                 logger.info(
@@ -404,16 +480,56 @@ async def _switch(
                     done.seconds,
                     done.previous_profile or "the repository configuration",
                 )
-    except (overrides.ProfileRefused, servers.TritonError) as failure:
-        outcome = dataclasses.replace(_failed(replica, failure, applied), drain=drain)
-        if replica.gated and outcome.error in ("refused", "rejected"):
-            # The previous configuration serves: the Pod can take requests again.
-            reason = "Refused" if outcome.error == "refused" else "RolledBack"
-            await _open_gate(replica, plan, gates, reason=reason)
-        return outcome
-    if replica.gated:
-        await _open_gate(replica, plan, gates, reason="ConfigApplied")
-    return Outcome(replica, "Updated", plan.profile, "", tuple(applied), drain=drain)
+    except Exception as failure:
+        return _failed(replica, failure, applied), failure
+    notes = "; ".join(f"{done.model}: {note}" for done in applied for note in done.notes)
+    return Outcome(replica, "Updated", plan.profile, notes, tuple(applied)), None
+
+
+async def _settled(
+    outcome: Outcome,
+    plan: Plan,
+    gates: Gates,
+    *,
+    reason: str = "",
+    closed: BaseException | None = None,
+) -> Outcome:
+    """Set the gate of a switched replica: True with `reason`, or False because of `closed`.
+    A gate that cannot be written is a failure of its own: the Pod stays where it is, and a
+    later pass sets it (up-to-date replicas with a closed gate are opened)."""
+    try:
+        if closed is None:
+            await _open_gate(outcome.replica, plan, gates, reason=reason)
+        else:
+            await _close_gate(outcome.replica, plan, gates, closed, outcome.message)
+            return dataclasses.replace(outcome, left_out=True)
+    except Exception as failure:
+        action = "opening" if closed is None else "closing"
+        return dataclasses.replace(
+            outcome,
+            state="Failed",
+            error=outcome.error or "failed",
+            left_out=True,
+            message="; ".join(
+                part
+                for part in (outcome.message, f"{action} its readiness gate: {_message(failure)}")
+                if part
+            ),
+        )
+    return outcome
+
+
+async def _close_gate(
+    replica: Replica, plan: Plan, gates: Gates, failure: BaseException, message: str
+) -> None:
+    """Leave the gate False, with the reason the replica is out of its Services."""
+    await gates.set_gate(
+        plan.namespace,
+        replica.name,
+        applied=False,
+        reason=closed_reason(failure),
+        message=f"switching to {plan.profile}: {message}"[:1024],
+    )
 
 
 async def _drain(replica: Replica, models: Sequence[str], plan: Plan, fleet: Fleet) -> Drain:
@@ -439,8 +555,9 @@ async def _drain(replica: Replica, models: Sequence[str], plan: Plan, fleet: Fle
             if now.pending == 0 and new <= 0:
                 return Drain(clock() - started, arrived, timed_out=False)
             last = now
-    except servers.TritonError:
-        pass  # the apply will meet the same problem and report it
+    except Exception as error:
+        # The drain is best effort: the apply meets the same problem and reports it.
+        logger.debug("%s: drain cut short: %s", replica.title, _message(error))
     return Drain(clock() - started, arrived, timed_out=clock() >= deadline)
 
 

@@ -43,7 +43,7 @@ def selector_string(selector: specs.LabelSelector) -> str:
 def _port(pod: Mapping[str, Any], reference: int | str | None) -> int | None:
     if reference is None or isinstance(reference, int):
         return reference
-    if reference.isdigit():
+    if reference.isascii() and reference.isdigit():
         return int(reference)
     for container in pod["spec"].get("containers", []):
         for port in container.get("ports") or []:
@@ -91,6 +91,7 @@ def replicas_from_pods(
                 gated=GATE in gates,
                 gate=_condition(pod, GATE),
                 kind="pod",
+                labels=tuple(sorted((metadata.get("labels") or {}).items())),
             )
         )
     return sorted(found, key=lambda t: t.name), skipped

@@ -303,10 +303,28 @@ class Target(Model):
     sidecar_port: PortRef = endpoints.SIDECAR_PORT
     """The batchpilot sidecar's port on each Pod, by number or name (load signals, SLO fit)."""
     models: Annotated[
-        list[Annotated[str, Field(min_length=1, max_length=253)]],
+        list[
+            Annotated[
+                str,
+                Field(min_length=1, max_length=253, pattern=repositories.MODEL_NAME_PATTERN),
+            ]
+        ],
         Field(max_length=64, json_schema_extra={"x-kubernetes-list-type": "set"}),
     ] = []
-    """Names of the Triton models to govern; empty means every model the server has loaded."""
+    """Names of the Triton models to govern (as the model repository's directories name them:
+    letters, digits, '_', '.', '-'); empty means every model the server has loaded."""
+
+    cross_field_rules = (
+        validations.CrossFieldRule(
+            cel="(has(self.selector.matchLabels) && size(self.selector.matchLabels) > 0)"
+            " || (has(self.selector.matchExpressions)"
+            " && size(self.selector.matchExpressions) > 0)",
+            message="selector needs matchLabels or matchExpressions: an empty selector would "
+            "select every Pod of the namespace",
+            field_path=".selector",
+            holds=lambda t: bool(t.selector.match_labels or t.selector.match_expressions),
+        ),
+    )
 
 
 class Window(Model):

@@ -23,6 +23,7 @@ ConditionType = Literal[
     "SignalsUnavailable",
     "LeadTimeInsufficient",
     "DrainIneffective",
+    "PodsContested",
 ]
 TargetState = Literal["Updated", "Pending", "Draining", "Applying", "Failed", "Unreachable"]
 
@@ -31,8 +32,8 @@ class Condition(Model):
     """The latest observation of one aspect of the policy's state."""
 
     type: Annotated[str, Field(max_length=64)]
-    """Ready, Progressing, Degraded, InvalidSpec, SignalsUnavailable, LeadTimeInsufficient or
-    DrainIneffective."""
+    """Ready, Progressing, Degraded, InvalidSpec, SignalsUnavailable, LeadTimeInsufficient,
+    DrainIneffective or PodsContested (Pods it selects that an older policy governs)."""
     status: Literal["True", "False", "Unknown"]
     """Whether the condition holds."""
     reason: Annotated[str, Field(max_length=128)] = ""

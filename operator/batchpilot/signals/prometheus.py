@@ -13,6 +13,8 @@ the other sources, so all three read the same families.
 from __future__ import annotations
 
 import asyncio
+import json
+import string
 from collections.abc import Sequence
 
 from prometheus_api_client import PrometheusConnect
@@ -28,16 +30,26 @@ from batchpilot_triton import engine_metrics, scraping
 RECOMMENDATION = "batchpilot_sidecar_recommended_queue_delay_microseconds"
 
 
+_REGEX_ESCAPED = frozenset(string.punctuation) - {"-", "_"}
+
+
+def _string(value: str) -> str:
+    """`value` inside a PromQL double-quoted string: Go's escapes, of which JSON's are a part."""
+    return json.dumps(value, ensure_ascii=False)[1:-1]
+
+
 def _regex_literal(value: str) -> str:
-    """`value` as a literal inside a PromQL regex string: RE2 escapes, then PromQL's own."""
-    return "".join(char if char.isalnum() or char in "-_" else "\\\\" + char for char in value)
+    """`value` as a literal inside a PromQL regex string: RE2 escapes (ASCII punctuation is the
+    only thing RE2 lets a backslash escape; `-` and `_` need none), then PromQL's own."""
+    escaped = "".join("\\" + char if char in _REGEX_ESCAPED else char for char in value)
+    return _string(escaped)
 
 
 def _matcher(namespace: str, pods: Sequence[str], models: Sequence[str]) -> str:
     def alternatives(values: Sequence[str]) -> str:
         return "|".join(_regex_literal(value) for value in values)
 
-    labels = [f'namespace="{namespace}"', f'pod=~"{alternatives(pods)}"']
+    labels = [f'namespace="{_string(namespace)}"', f'pod=~"{alternatives(pods)}"']
     if models:
         labels.append(f'model=~"{alternatives(models)}"')
     return ",".join(labels)

@@ -55,7 +55,7 @@ def policy_document() -> dict[str, Any]:
         "kind": documents.KIND,
         "metadata": {"name": POLICY_NAME},
         "spec": {
-            "target": {"selector": {}, "models": [MODEL]},
+            "target": {"selector": {"matchLabels": {"app": "triton"}}, "models": [MODEL]},
             "profiles": PROFILES,
             "defaultProfile": "interactive",
         },
