@@ -213,7 +213,8 @@ def operator_kubeconfig(kube: kubes.Kube, tmp_path_factory: pytest.TempPathFacto
 def start_operator(
     operator_kubeconfig: Path, namespace: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> Iterator[Callable[..., operators.OperatorProcess]]:
-    """Start `batchpilot operator` for the test's namespace; stopped (log kept) at teardown."""
+    """Start `batchpilot operator` for the test's namespace (or the `namespaces` given);
+    stopped (log kept) at teardown."""
     started: list[operators.OperatorProcess] = []
     request.node.operator_logs = []  # read by the report hook when a test fails
 
@@ -221,8 +222,7 @@ def start_operator(
         process = operators.OperatorProcess(
             kubeconfig=operator_kubeconfig,
             log_path=tmp_path / f"operator-{len(started)}.log",
-            namespaces=[namespace],
-            **options,
+            **{"namespaces": [namespace], **options},
         )
         started.append(process)
         request.node.operator_logs.append(process.log_path)

@@ -123,6 +123,15 @@ def test_http_echo_serves_the_pod_name_from_its_own_folder(tmp_path: Path) -> No
     assert (tmp_path / "www" / "index.html").read_text() == "ns/p\n"
 
 
+def test_the_hostile_runtime_runs_only_its_own_servers_on_every_address(tmp_path: Path) -> None:
+    req = request(
+        pod(annotations={podrunner.RUNTIME_ANNOTATION: "hostile", podrunner.MODELS_ANNOTATION: "x"})
+    )
+    assert req is not None
+    (command,) = podrunner.RUNTIMES["hostile"](req, podrunner.Workspace(directory=tmp_path))
+    assert command.argv[1:] == ("-m", "e2e.hostile_servers", "--host", "0.0.0.0")
+
+
 def test_a_grpc_connection_age_runs_triton_with_that_flag(tmp_path: Path) -> None:
     req = request(pod(annotations={podrunner.GRPC_AGE_ANNOTATION: "1500"}))
     assert req is not None

@@ -140,10 +140,18 @@ def triton_commands(pod: PodRequest, workspace: Workspace) -> tuple[Command, ...
     )
 
 
+def hostile_commands(pod: PodRequest, workspace: Workspace) -> tuple[Command, ...]:
+    """A tenant's Pod that floods the operator's reads and trickles a Prometheus answer
+    (`e2e.hostile_servers`)."""
+    argv = (sys.executable, "-m", "e2e.hostile_servers", "--host", endpoints.EVERY_ADDRESS)
+    return (Command(container="main", argv=argv, cwd=locations.REPO_ROOT),)
+
+
 # A runtime may run several processes (Triton and its sidecar): one Command each.
 RUNTIMES: Mapping[str, CommandBuilder] = {
     "http-echo": http_echo_commands,
     "triton": triton_commands,
+    "hostile": hostile_commands,
 }
 
 

@@ -1,0 +1,199 @@
+"""A hostile tenant against the fleet: one operator, two namespaces, real Pods on the pod network.
+
+The tenant's policies select a Pod that floods every read the operator makes of it (its Triton
+and sidecar ports answer with 500 MB) and name a Prometheus there that trickles one byte at a
+time. Another namespace's policy has a schedule boundary meanwhile: it must switch on time, the
+operator must stay within the memory the chart gives it, and the tenant must be told why its
+policies get no signals, without the operator echoing what its servers sent.
+"""
+
+import datetime
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from e2e import fleet, namespaces, operators, waiting
+from e2e.cluster import podrunner
+from e2e.hostile_servers import PROMETHEUS_PORT
+from e2e.kubes import Kube
+from e2e.operators import OperatorProcess
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600), pytest.mark.usefixtures("triton_pods")]
+
+CHART_VALUES = Path(__file__).resolve().parents[1] / "charts" / "batchpilot" / "values.yaml"
+MIB = 1024 * 1024
+
+
+def operator_memory_limit() -> int:
+    """The operator container's memory limit in the chart, in bytes."""
+    values = yaml.safe_load(CHART_VALUES.read_text())
+    limit = str(values["resources"]["limits"]["memory"])
+    assert limit.endswith("Mi"), limit
+    return int(limit[:-2]) * MIB
+
+
+def hostile_pod(name: str, labels: dict[str, str]) -> client.V1Pod:
+    return client.V1Pod(
+        metadata=client.V1ObjectMeta(
+            name=name, labels=labels, annotations={podrunner.RUNTIME_ANNOTATION: "hostile"}
+        ),
+        spec=client.V1PodSpec(
+            containers=[
+                client.V1Container(
+                    name="main", image="registry.invalid/hostile:0", image_pull_policy="Never"
+                )
+            ],
+            termination_grace_period_seconds=2,
+        ),
+    )
+
+
+def start_hostile_pod(kube: Kube, namespace: str) -> str:
+    """The tenant's Pod, its servers listening; its IP."""
+    kube.core.create_namespaced_pod(namespace, hostile_pod("hostile", {"app": "hostile"}))
+
+    def ip() -> str | None:
+        return kube.core.read_namespaced_pod("hostile", namespace).status.pod_ip or None
+
+    waiting.wait_for("the hostile pod's IP", ip, timeout=60)
+    address = ip()
+    assert address is not None
+    waiting.wait_for(
+        "the hostile pod's servers",
+        lambda: fleet.answers(f"http://{address}:{PROMETHEUS_PORT}/-/healthy"),
+        timeout=60,
+    )
+    return address
+
+
+class PeakMemory:
+    """The operator's resident memory, sampled while the test runs, and its peak (VmHWM)."""
+
+    def __init__(self, operator: OperatorProcess) -> None:
+        self.status = Path(f"/proc/{operator.process.pid}/status")
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _read(self, field: str) -> int:
+        for line in self.status.read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+        return 0
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.2):
+            try:
+                self.peak = max(self.peak, self._read("VmHWM"))
+            except OSError:
+                return
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        return self.peak
+
+
+def signals_condition(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
+    status = operators.policy_status(kube, namespace, name)
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "SignalsUnavailable" and condition.get("status") == "True":
+            return dict(condition)
+    return None
+
+
+def test_a_hostile_tenant_delays_no_other_policy_and_cannot_exhaust_the_operator(
+    kube: Kube, namespace: str, start_operator: Any
+) -> None:
+    interval = 3.0
+    victims = fleet.start_tritons(kube, namespace, 2, labels={"app": "victim"}, prefix="victim")
+    with namespaces.created(
+        kube, namespaces.unique("e2e-hostile-tenant"), label="batchpilot.dev/e2e"
+    ) as tenant:
+        address = start_hostile_pod(kube, tenant)
+        operator = start_operator(interval=interval, namespaces=[namespace, tenant])
+        memory = PeakMemory(operator)
+        hostile_target = {
+            **fleet.BASE_SPEC["target"],
+            "selector": {"matchLabels": {"app": "hostile"}},
+        }
+        rule = {"profile": "interactive", "metric": "requestRate", "above": 1}
+        # One policy reads the flooding sidecar, one asks the trickling Prometheus; both govern
+        # the Pod whose Triton port floods too.
+        operators.apply_policy(
+            kube, tenant, fleet.policy("flood", target=hostile_target, load={"rules": [rule]})
+        )
+        prometheus = {"url": f"http://{address}:{PROMETHEUS_PORT}"}
+        operators.apply_policy(
+            kube,
+            tenant,
+            fleet.policy(
+                "trickle",
+                target=hostile_target,
+                load={"source": "prometheus", "prometheus": prometheus, "rules": [rule]},
+            ),
+        )
+
+        now = datetime.datetime.now(datetime.UTC)
+        opens = (now + datetime.timedelta(seconds=50)).replace(second=0, microsecond=0)
+        opens += datetime.timedelta(minutes=1)
+        window = {
+            "profile": "interactive",
+            "start": opens.strftime("%H:%M"),
+            "end": (opens + datetime.timedelta(minutes=10)).strftime("%H:%M"),
+        }
+        victim_target = {
+            **fleet.BASE_SPEC["target"],
+            "selector": {"matchLabels": {"app": "victim"}},
+        }
+        schedule = {"timezone": "UTC", "windows": [window], "leadTime": "auto"}
+        operators.apply_policy(
+            kube, namespace, fleet.policy("victim", schedule=schedule, target=victim_target)
+        )
+        waiting.wait_for("bulk on every victim", fleet.everyone_serves(victims, "bulk"), timeout=60)
+
+        waiting.wait_for(
+            "the tenant's policies told why they get no signals",
+            lambda: (
+                signals_condition(kube, tenant, "flood") is not None
+                and signals_condition(kube, tenant, "trickle") is not None
+            ),
+            timeout=90,
+        )
+        planned = operators.policy_status(kube, namespace, "victim")
+        rollout_start = datetime.datetime.fromisoformat(planned["plannedRolloutStart"])
+        time.sleep(
+            max((rollout_start - datetime.datetime.now(datetime.UTC)).total_seconds() - 1, 0)
+        )
+        waiting.wait_for(
+            "interactive on every victim",
+            fleet.everyone_serves(victims, "interactive"),
+            timeout=60,
+            interval=0.05,
+        )
+        switched_after = (datetime.datetime.now(datetime.UTC) - opens).total_seconds()
+        peak = memory.stop()
+        flood = signals_condition(kube, tenant, "flood")
+        trickle = signals_condition(kube, tenant, "trickle")
+        alive, healthy = operator.alive(), operator.healthy()
+
+    print(
+        f"\nvictim fleet served interactive {switched_after:+.2f}s after its window opened; "
+        f"operator peak RSS {peak / MIB:.0f} MiB (limit {operator_memory_limit() / MIB:.0f} MiB)"
+        f"\nflood: {flood and flood['message']}\ntrickle: {trickle and trickle['message']}"
+    )
+    assert alive
+    assert healthy
+    assert switched_after <= 0
+    assert peak < operator_memory_limit()
+    for condition in (flood, trickle):
+        assert condition is not None
+        # Said in a sentence, never echoed: no run of the flood's bytes reaches the status.
+        assert 0 < len(condition["message"]) <= 1024
+        assert "aaaaaaaa" not in condition["message"]
