@@ -58,7 +58,8 @@ def start_hostile_pod(kube: Kube, namespace: str) -> str:
     kube.core.create_namespaced_pod(namespace, hostile_pod("hostile", {"app": "hostile"}))
 
     def ip() -> str | None:
-        return kube.core.read_namespaced_pod("hostile", namespace).status.pod_ip or None
+        status = kube.core.read_namespaced_pod("hostile", namespace).status
+        return (status.pod_ip or None) if status is not None else None
 
     waiting.wait_for("the hostile pod's IP", ip, timeout=60)
     address = ip()
