@@ -1,7 +1,9 @@
 """Talking to one Triton server: its model-repository API, model configs and metrics.
 
 A thin asynchronous layer over `tritonclient.http.aio` that bounds every call by a timeout and
-turns Triton's and aiohttp's many failure shapes into a few errors the actuator can act on.
+every answer by a size cap (`batchpilot_triton.responses`), and turns Triton's and aiohttp's many
+failure shapes into a few errors the actuator can act on, quoting at most a short excerpt of
+what the server said.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import aiohttp
 import tritonclient.http.aio as triton_http
 from tritonclient.utils import InferenceServerException
 
-from batchpilot_triton import endpoints
+from batchpilot_triton import endpoints, responses
 from batchpilot_triton.modelconfigs import ModelConfig
 
 # What Triton answers to a load or unload when it is not in explicit model-control mode.
@@ -74,7 +76,7 @@ class TritonServer:
         url: str,
         *,
         metrics_url: str | None = None,
-        request_timeout: float = 5.0,
+        request_timeout: float = responses.TRITON_DEADLINE_SECONDS,
         load_timeout: float = 300.0,
         liveness_interval: float = 5.0,
         liveness_misses: int = 3,
@@ -113,9 +115,21 @@ class TritonServer:
     def _triton(self) -> triton_http.InferenceServerClient:
         # Created lazily: aiohttp sessions belong to the running event loop.
         if self._client is None:
-            self._client = triton_http.InferenceServerClient(
+            client = triton_http.InferenceServerClient(
                 self.address, conn_timeout=self.load_timeout, conn_limit=4
             )
+            # tritonclient reads whole bodies itself and takes no response class, so its
+            # session is swapped for one whose responses stop at the cap, on the same
+            # connector with the same settings (tests/unit/test_bounded_reads.py checks it).
+            own = client._stub
+            own.detach()
+            client._stub = aiohttp.ClientSession(
+                connector=client._conn,
+                timeout=own.timeout,
+                auto_decompress=False,
+                response_class=responses.capped_responses(responses.TRITON_JSON_BYTES),
+            )
+            self._client = client
         return self._client
 
     async def _call(self, what: str, call: Any, *, seconds: float | None = None) -> Any:
@@ -128,7 +142,7 @@ class TritonServer:
         except (aiohttp.ClientError, OSError) as error:
             raise Unreachable(self.url, f"{what}: {error}") from None
         except InferenceServerException as error:
-            message = error.message() or str(error)
+            message = responses.excerpt(error.message() or str(error))
             if _NOT_EXPLICIT in message:
                 raise ExplicitModeRequired(
                     self.url,
@@ -235,12 +249,9 @@ class TritonServer:
             ) as response,
         ):
             if response.status != 200:
-                answer = await response.text()
-                try:
-                    message = str(json.loads(answer).get("error", answer))
-                except ValueError:
-                    message = answer
-                raise InferenceServerException(msg=message, status=str(response.status))
+                raise InferenceServerException(
+                    msg=await _error_message(response), status=str(response.status)
+                )
 
     async def unload(self, model: str) -> None:
         await self._while_live(f"unload of {model}", self._triton().unload_model(model))
@@ -261,7 +272,23 @@ class TritonServer:
         async def fetch() -> str:
             async with session.get(self.metrics_url) as response:
                 response.raise_for_status()
-                return await response.text()
+                page = await responses.read_capped(response, responses.METRICS_PAGE_BYTES)
+                return page.decode(response.get_encoding(), errors="replace")
 
         text: str = await self._call("metrics", fetch())
         return text
+
+
+async def _error_message(response: aiohttp.ClientResponse) -> str:
+    """Triton's `error` of an error answer, else the answer's start; an excerpt either way."""
+    try:
+        answer = await responses.read_capped(response, responses.ERROR_BYTES)
+    except responses.TooLarge:
+        return responses.refusal(response.status, response.reason)
+    text = answer.decode(errors="replace")
+    try:
+        document = json.loads(text)
+    except ValueError:
+        return responses.excerpt(text) or responses.refusal(response.status, response.reason)
+    found = document.get("error") if isinstance(document, dict) else None
+    return responses.excerpt(str(found if found is not None else text))
