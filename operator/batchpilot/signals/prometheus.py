@@ -15,9 +15,9 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Sequence
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
-import yarl
 
 from batchpilot.policy import decisions
 from batchpilot.signals import sources
@@ -97,9 +97,8 @@ class PrometheusSource:
         timeout: float = responses.PROMETHEUS_DEADLINE_SECONDS,
         limit: int = responses.PROMETHEUS_BYTES,
     ) -> None:
-        self._endpoint = yarl.URL(url.rstrip("/") + "/api/v1/query")
-        # Shown in problems without any credentials the URL carries.
-        self._title = str(yarl.URL(url).with_user(None).with_query(None))
+        self._endpoint = url.rstrip("/") + "/api/v1/query"
+        self._title = _without_credentials(url)
         self._deadline = timeout
         self._limit = limit
         self._queries = queries(namespace=namespace, pods=pods, models=models, window=window)
@@ -174,3 +173,10 @@ def _value(body: bytes) -> float | None:
     except (ValueError, TypeError, KeyError, IndexError):
         raise PrometheusRefused("not an instant query answer") from None
     return None if value != value else value  # NaN: no data, e.g. 0/0
+
+
+def _without_credentials(url: str) -> str:
+    """The URL as problems show it: no user or password it may carry, no query."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
