@@ -47,6 +47,8 @@ ENGINE_ARGUMENTS_BYTES = 1 * MIB
 """A model's engine arguments (its model.json) from a sidecar."""
 PROMETHEUS_BYTES = 1 * MIB
 """One Prometheus query's answer (batchpilot's queries reduce to one number each)."""
+INLINE_PARSE_CHARS = 256 * KIB
+"""A metrics page longer than this is parsed off the event loop (about 0.1 s of parsing)."""
 ERROR_BYTES = 16 * KIB
 """What is read of an error answer, for its excerpt."""
 EXCERPT_CHARS = 160

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import concurrent.futures
 import contextlib
 import json
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Self
 from urllib.parse import quote, urlsplit
 
@@ -21,7 +22,7 @@ import aiohttp
 import tritonclient.http.aio as triton_http
 from tritonclient.utils import InferenceServerException
 
-from batchpilot_triton import endpoints, responses
+from batchpilot_triton import endpoints, responses, scraping
 from batchpilot_triton.modelconfigs import ModelConfig
 
 # What Triton answers to a load or unload when it is not in explicit model-control mode.
@@ -92,6 +93,8 @@ class TritonServer:
         """Liveness checks missed in a row after which a load or unload is given up."""
         self._client: triton_http.InferenceServerClient | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._parser: concurrent.futures.ThreadPoolExecutor | None = None
+        self._parsing: concurrent.futures.Future[scraping.Snapshot] | None = None
 
     async def __aenter__(self) -> Self:
         return self
@@ -105,6 +108,9 @@ class TritonServer:
         await self.close()
 
     async def close(self) -> None:
+        if self._parser is not None:
+            self._parser.shutdown(wait=False, cancel_futures=True)
+            self._parser = None
         if self._client is not None:
             await self._client.close()
             self._client = None
@@ -277,6 +283,26 @@ class TritonServer:
 
         text: str = await self._call("metrics", fetch())
         return text
+
+    async def metrics_snapshot(self, clock: Callable[[], float]) -> scraping.Snapshot:
+        """Triton's metrics page, parsed, taken at `clock()` when it arrived.
+
+        A large page takes seconds to parse (about 3 s for the 8-MiB cap on a busy core), so
+        it is parsed on a thread of this server's own, one page at a time: the event loop
+        every policy shares keeps running, and a server whose pages outrun their parsing is
+        refused until the last one is done."""
+        page = await self.metrics_text()
+        taken_at = clock()
+        if len(page) <= responses.INLINE_PARSE_CHARS:
+            return scraping.parse(page, taken_at=taken_at)
+        if self._parsing is not None and not self._parsing.done():
+            raise TritonError(self.url, "metrics: its previous page is still being parsed")
+        if self._parser is None:
+            self._parser = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="batchpilot-metrics"
+            )
+        self._parsing = self._parser.submit(scraping.parse, page, taken_at=taken_at)
+        return await asyncio.wrap_future(self._parsing)
 
 
 async def _error_message(response: aiohttp.ClientResponse) -> str:

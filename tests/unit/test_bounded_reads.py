@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -22,8 +23,8 @@ from batchpilot.applying import engines, pod_repositories
 from batchpilot.applying.replicas import Replica
 from batchpilot.kube import pods as kube_pods
 from batchpilot.policy import specs
-from batchpilot.signals import prometheus, sidecars
-from batchpilot_triton import responses, servers
+from batchpilot.signals import prometheus, sidecars, sources
+from batchpilot_triton import responses, scraping, servers
 from web_apps import ServeApp
 
 MB = 1_000_000
@@ -394,3 +395,56 @@ async def test_a_prometheus_named_by_host_name_is_looked_up_on_the_source_s_own_
     await source.close()
     assert reading.problems == ()
     assert reading.signals.metrics["queueDepth"] == 3.0
+
+
+def large_metrics_page(size: int) -> str:
+    """A valid Triton metrics page of about `size` characters: many models' success counts."""
+    header = "# TYPE nv_inference_request_success counter\n"
+    line = 'nv_inference_request_success{{model="model_{0}",version="1"}} {0}\n'
+    count = size // len(line.format(100_000))
+    return header + "".join(line.format(number) for number in range(count))
+
+
+@pytest.mark.timeout(60)
+async def test_a_large_metrics_page_is_parsed_while_the_event_loop_runs(
+    serve_app: ServeApp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page under the cap but megabytes long takes seconds to parse: the event loop every
+    policy shares keeps running meanwhile."""
+    page = large_metrics_page(6 * responses.MIB)
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(text=page)
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    url = await serve_app(app)
+    parsing = threading.Event()
+    parse = scraping.parse
+
+    def watched_parse(text: str, *, taken_at: float = 0.0) -> scraping.Snapshot:
+        parsing.set()
+        try:
+            return parse(text, taken_at=taken_at)
+        finally:
+            parsing.clear()
+
+    monkeypatch.setattr(scraping, "parse", watched_parse)
+    loop_ran_during_parse = False
+
+    async def heartbeat() -> None:
+        nonlocal loop_ran_during_parse
+        while True:
+            loop_ran_during_parse |= parsing.is_set()
+            await asyncio.sleep(0.001)
+
+    beating = asyncio.ensure_future(heartbeat())
+    triton = servers.TritonServer(url, metrics_url=f"{url}/metrics", request_timeout=30.0)
+    source = sources.TritonMetricsSource([triton], models=["model_1"])
+    try:
+        reading = await source.read()
+    finally:
+        beating.cancel()
+        await triton.close()
+    assert reading.problems == ()
+    assert loop_ran_during_parse, "the event loop stood still while the page was parsed"

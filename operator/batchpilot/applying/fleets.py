@@ -13,7 +13,7 @@ from typing import TypeVar
 from batchpilot.applying import actuators, backoffs, engines
 from batchpilot.applying.replicas import Replica
 from batchpilot.policy import rendering
-from batchpilot_triton import scraping, servers
+from batchpilot_triton import servers
 
 Answer = TypeVar("Answer")
 
@@ -111,8 +111,7 @@ class TritonFleet:
 
     async def queue(self, url: str, models: Sequence[str]) -> QueueReading:
         """The models' queued requests and how many requests they have completed so far."""
-        page = await self._ask(url, lambda server: server.metrics_text())
-        snapshot = scraping.parse(page, taken_at=self._clock())
+        snapshot = await self._ask(url, lambda server: server.metrics_snapshot(self._clock))
         return QueueReading(
             pending=sum(snapshot.pending(model) for model in models),
             completed=sum(snapshot.totals(model).requests for model in models),
