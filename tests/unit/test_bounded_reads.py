@@ -44,12 +44,19 @@ class Hostile:
         self.trickling = 0
         """Trickling answers in progress: requests the reader still holds open."""
         self.trickle_began = asyncio.Event()
+        self.trickle_ended = asyncio.Event()
         self.hung_up = asyncio.Event()
 
     async def until_trickling(self, count: int) -> None:
         while self.trickling < count:
             self.trickle_began.clear()
             await self.trickle_began.wait()
+
+    async def until_quiet(self) -> None:
+        """Until every trickling answer has lost its reader."""
+        while self.trickling:
+            self.trickle_ended.clear()
+            await self.trickle_ended.wait()
 
     async def flood(self, request: web.Request) -> web.StreamResponse:
         """A 200 whose body goes on for FLOOD_BYTES, sent a megabyte at a time."""
@@ -82,6 +89,7 @@ class Hostile:
             self.hung_up.set()
         finally:
             self.trickling -= 1
+            self.trickle_ended.set()
         return response
 
     async def refuse_with_secret(self, request: web.Request) -> web.Response:
@@ -204,6 +212,23 @@ async def test_credentials_in_the_prometheus_url_are_not_repeated(serve_app: Ser
     assert problem.startswith(f"prometheus {url}: ")
     assert problem.endswith(": HTTP 404 Not Found")
     assert SECRET not in problem
+
+
+@pytest.mark.timeout(30)
+async def test_no_prometheus_query_outlives_a_read_the_tick_gave_up_on(
+    serve_app: ServeApp,
+) -> None:
+    """The operator bounds each tick's signals (reconciling.SIGNAL_TIMEOUT_SECONDS); a query
+    cut there must end there, not hold its connection until its own deadline."""
+    hostile = Hostile()
+    url = await serve_app(hostile_app(hostile, "/api/v1/query", "trickle"))
+    source = prometheus_source(url, timeout=60.0)
+    reading = asyncio.ensure_future(source.read())
+    await asyncio.wait_for(hostile.until_trickling(1), timeout=20)
+    reading.cancel()
+    await asyncio.gather(reading, return_exceptions=True)
+    await asyncio.wait_for(hostile.until_quiet(), timeout=20)
+    await source.close()
 
 
 # --- Isolation (finding 2) -------------------------------------------------------------------

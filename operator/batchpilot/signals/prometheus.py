@@ -128,10 +128,14 @@ class PrometheusSource:
             asyncio.ensure_future(self._query(promql)): name
             for name, promql in self._queries.items()
         }
-        done, late = await asyncio.wait(asked, timeout=self._deadline)
-        for task in late:
-            task.cancel()
-        await asyncio.gather(*late, return_exceptions=True)
+        try:
+            done, late = await asyncio.wait(asked, timeout=self._deadline)
+        finally:
+            # Late or not, when the tick gives up on the read: no query outlives it.
+            unfinished = [task for task in asked if not task.done()]
+            for task in unfinished:
+                task.cancel()
+            await asyncio.gather(*unfinished, return_exceptions=True)
         metrics: dict[str, float] = {}
         problems: list[str] = []
         if late:
