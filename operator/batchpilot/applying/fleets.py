@@ -13,7 +13,7 @@ from typing import TypeVar
 from batchpilot.applying import actuators, backoffs, engines
 from batchpilot.applying.replicas import Replica
 from batchpilot.policy import rendering
-from batchpilot_triton import servers
+from batchpilot_triton import responses, servers
 
 Answer = TypeVar("Answer")
 
@@ -32,7 +32,7 @@ class TritonFleet:
     def __init__(
         self,
         *,
-        request_timeout: float = 5.0,
+        request_timeout: float = responses.TRITON_DEADLINE_SECONDS,
         load_timeout: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
         engine_arguments: engines.EngineArgumentsSource | None = None,
