@@ -103,13 +103,16 @@ class PrometheusSource:
         self._limit = limit
         self._queries = queries(namespace=namespace, pods=pods, models=models, window=window)
         self._session: aiohttp.ClientSession | None = None
+        self._resolver: responses.OwnThreadResolver | None = None
 
     def _client(self) -> aiohttp.ClientSession:
         # Created in the running loop; a few connections, enough for a tick's queries.
         if self._session is None:
+            self._resolver = responses.OwnThreadResolver()  # the connector does not close it
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=4, resolver=responses.OwnThreadResolver()),
-                timeout=aiohttp.ClientTimeout(total=self._deadline),
+                connector=aiohttp.TCPConnector(limit=4, resolver=self._resolver),
+                # read() holds the deadline; this only keeps a stray request from outliving it.
+                timeout=aiohttp.ClientTimeout(total=2 * self._deadline),
             )
         return self._session
 
@@ -160,6 +163,9 @@ class PrometheusSource:
         if self._session is not None:
             session, self._session = self._session, None
             await session.close()
+        if self._resolver is not None:
+            resolver, self._resolver = self._resolver, None
+            await resolver.close()
 
 
 class PrometheusRefused(Exception):
