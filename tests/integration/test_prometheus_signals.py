@@ -45,6 +45,7 @@ async def test_prometheus_source_reads_the_fleet_rate_depth_and_latency(
     )
     await asyncio.sleep(1.5)  # one more scrape after the load
     reading = await source.read()
+    await source.close()
     assert reading.problems == ()
     signals = reading.signals.metrics
     # The last 10 s window overlaps the load's end, so the rate is somewhere below 200.
@@ -57,7 +58,9 @@ async def test_prometheus_source_reads_the_fleet_rate_depth_and_latency(
     other = prometheus.PrometheusSource(
         promserver.url, namespace="other", pods=["triton-0"], models=[demo_models.GPU_SIM]
     )
-    assert (await other.read()).signals.metrics == {}, "other namespaces' series are not ours"
+    other_reading = await other.read()
+    await other.close()
+    assert other_reading.signals.metrics == {}, "other namespaces' series are not ours"
 
 
 @asynccontextmanager
@@ -135,6 +138,7 @@ async def test_unreachable_prometheus_is_a_problem_not_a_crash() -> None:
     )
     started = time.monotonic()
     reading = await source.read()
+    await source.close()
     assert reading.signals.metrics == {}
     assert reading.problems
     assert "prometheus http://127.0.0.1:9" in reading.problems[0]
