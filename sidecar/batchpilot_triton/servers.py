@@ -146,16 +146,18 @@ class TritonServer:
             waited = seconds or self.request_timeout
             raise Unreachable(self.url, f"{what}: no answer within {waited:g}s") from None
         except (aiohttp.ClientError, OSError) as error:
-            raise Unreachable(self.url, f"{what}: {error}") from None
+            # aiohttp's parser errors quote the bytes they choked on.
+            raise Unreachable(self.url, f"{what}: {responses.excerpt(str(error))}") from None
         except InferenceServerException as error:
-            message = responses.excerpt(error.message() or str(error))
-            if _NOT_EXPLICIT in message:
+            said = error.message() or str(error)
+            message = responses.excerpt(said)
+            if _NOT_EXPLICIT in said:
                 raise ExplicitModeRequired(
                     self.url,
                     f"{what}: the server refuses model loads ({message}); start tritonserver "
                     "with --model-control-mode=explicit",
                 ) from None
-            if error.status() in ("400", "404") or "unknown model" in message:
+            if error.status() in ("400", "404") or "unknown model" in said:
                 raise ModelUnavailable(self.url, f"{what}: {message}") from None
             raise TritonError(self.url, f"{what}: {message}") from None
 

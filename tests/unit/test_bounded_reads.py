@@ -330,6 +330,37 @@ async def test_a_sidecar_streaming_hundreds_of_megabytes_is_cut_at_the_cap(
     assert hostile.most_sent < SENT_AT_MOST, f"{hostile.most_sent} bytes sent: read on and on"
 
 
+@asynccontextmanager
+async def malformed_answerer() -> AsyncIterator[str]:
+    """A server whose answer has a malformed header a thousand characters long ending in a
+    secret: aiohttp's parser quotes the line it choked on in its error."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        header = b"X-Bad\x01: " + b"y" * 1000 + SECRET.encode()
+        writer.write(b"HTTP/1.1 200 OK\r\n" + header + b"\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+
+
+@pytest.mark.timeout(20)
+async def test_a_sidecar_s_malformed_answer_is_quoted_as_a_short_excerpt_at_most() -> None:
+    async with malformed_answerer() as url:
+        source = sidecars.SidecarSource([url], models=["gpu_sim"], slo=None)
+        reading = await source.read()
+        await source.close()
+    (problem,) = reading.problems
+    assert problem.startswith(f"sidecar {url}: 400, message=")
+    assert len(problem) <= len(f"sidecar {url}: ") + responses.EXCERPT_CHARS
+    assert SECRET not in problem
+
+
 def replica_with_sidecar(sidecar_url: str) -> Replica:
     return Replica(
         name="triton-0", http_url="http://127.0.0.1:9", sidecar_url=sidecar_url, kind="pod"

@@ -68,7 +68,8 @@ class SidecarEngineArguments:
             ) from None
         except aiohttp.ClientError as error:
             raise engines.EngineArgumentsUnavailable(
-                f"sidecar {replica.sidecar_url} of {replica.title}: {error or type(error).__name__}"
+                f"sidecar {replica.sidecar_url} of {replica.title}: "
+                f"{responses.excerpt(str(error)) or type(error).__name__}"
             ) from None
         return _parsed(body, status, sidecar=replica.sidecar_url, model=model)
 
@@ -90,5 +91,6 @@ def _parsed(
         return repositories.RepositoryArguments.from_json(document)
     except ValueError as error:
         raise engines.EngineArgumentsUnavailable(
-            f"sidecar {sidecar}: engine arguments for model {model!r}: {error}"
+            f"sidecar {sidecar}: engine arguments for model {model!r}: "
+            f"{responses.excerpt(str(error))}"
         ) from None

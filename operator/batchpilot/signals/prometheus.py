@@ -153,7 +153,7 @@ class PrometheusSource:
                 if answer is not None:
                     metrics[asked[task]] = answer
             elif isinstance(error, PrometheusRefused | aiohttp.ClientError | TimeoutError):
-                message = str(error) or type(error).__name__
+                message = responses.excerpt(str(error)) or type(error).__name__
                 problems.append(f"prometheus {self._title}: {asked[task]}: {message}")
             else:
                 raise error

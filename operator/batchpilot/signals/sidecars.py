@@ -137,7 +137,8 @@ class SidecarSource:
         except TimeoutError:
             raise SidecarError(f"sidecar {url}: no answer within {self._timeout:g}s") from None
         except aiohttp.ClientError as error:
-            raise SidecarError(f"sidecar {url}: {error or type(error).__name__}") from None
+            said = responses.excerpt(str(error)) or type(error).__name__
+            raise SidecarError(f"sidecar {url}: {said}") from None
         try:
             return STATUS_DOCUMENT.validate_json(body)
         except pydantic.ValidationError as error:
