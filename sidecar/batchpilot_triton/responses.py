@@ -37,8 +37,12 @@ ENGINE_ARGUMENTS_DEADLINE_SECONDS = 5.0
 PROMETHEUS_DEADLINE_SECONDS = 4.0
 """All of a policy's queries to its Prometheus in one tick (within the tick's 5-s signal budget)."""
 
-METRICS_PAGE_BYTES = 8 * MIB
-"""Triton's metrics page: about 5 KiB per model version, so room for a thousand or more."""
+METRICS_PAGE_BYTES = 4 * MIB
+"""Triton's metrics page (about 100 bytes a series)."""
+METRICS_PAGE_LINES = 20_000
+"""The most lines of a metrics page the operator parses: parsing takes about 1.3 KiB of memory
+a series, so a page of short lines under the byte cap could otherwise take 100 MiB or more.
+About 150 series a model with an LLM engine's histograms, 25 without: room for 130 to 800."""
 TRITON_JSON_BYTES = 4 * MIB
 """Triton's JSON answers: a model config, the repository index, statistics, an error."""
 STATUS_BYTES = 4 * MIB
@@ -49,6 +53,8 @@ PROMETHEUS_BYTES = 1 * MIB
 """One Prometheus query's answer (batchpilot's queries reduce to one number each)."""
 INLINE_PARSE_CHARS = 256 * KIB
 """A metrics page longer than this is parsed off the event loop (about 0.1 s of parsing)."""
+LARGE_PAGE_PARSES = 2
+"""Large pages parsed at once in the whole process, whatever their servers: memory over speed."""
 ERROR_BYTES = 16 * KIB
 """What is read of an error answer, for its excerpt."""
 EXCERPT_CHARS = 160

@@ -25,6 +25,12 @@ from tritonclient.utils import InferenceServerException
 from batchpilot_triton import endpoints, responses, scraping
 from batchpilot_triton.modelconfigs import ModelConfig
 
+# Large metrics pages are parsed here, a few at a time for the whole process (threads start
+# with the first such page).
+_LARGE_PAGES = concurrent.futures.ThreadPoolExecutor(
+    max_workers=responses.LARGE_PAGE_PARSES, thread_name_prefix="batchpilot-metrics"
+)
+
 # What Triton answers to a load or unload when it is not in explicit model-control mode.
 _NOT_EXPLICIT = "explicit model load / unload is not allowed"
 
@@ -93,7 +99,6 @@ class TritonServer:
         """Liveness checks missed in a row after which a load or unload is given up."""
         self._client: triton_http.InferenceServerClient | None = None
         self._session: aiohttp.ClientSession | None = None
-        self._parser: concurrent.futures.ThreadPoolExecutor | None = None
         self._parsing: concurrent.futures.Future[scraping.Snapshot] | None = None
 
     async def __aenter__(self) -> Self:
@@ -108,9 +113,6 @@ class TritonServer:
         await self.close()
 
     async def close(self) -> None:
-        if self._parser is not None:
-            self._parser.shutdown(wait=False, cancel_futures=True)
-            self._parser = None
         if self._client is not None:
             await self._client.close()
             self._client = None
@@ -287,23 +289,27 @@ class TritonServer:
         return text
 
     async def metrics_snapshot(self, clock: Callable[[], float]) -> scraping.Snapshot:
-        """Triton's metrics page, parsed, taken at `clock()` when it arrived.
+        """Triton's metrics page, parsed, taken at `clock()` when it arrived (the operator's
+        reading: the sidecar parses its own Triton's pages whole).
 
-        A large page takes seconds to parse (about 3 s for the 8-MiB cap on a busy core), so
-        it is parsed on a thread of this server's own, one page at a time: the event loop
-        every policy shares keeps running, and a server whose pages outrun their parsing is
-        refused until the last one is done."""
+        Parsing costs about 1.3 KiB a series and 25 us on a busy core, so a page of more than
+        `METRICS_PAGE_LINES` lines is refused unparsed. A page over 256 KiB is parsed off the
+        event loop every policy shares, in a pool of `LARGE_PAGE_PARSES` threads for the whole
+        process (so memory stays bounded however many servers send large pages), one page of
+        a server at a time: a server whose pages outrun their parsing is refused until the
+        last one is done. Waiting for the pool ends with the caller's deadline."""
         page = await self.metrics_text()
         taken_at = clock()
+        if page.count("\n") > responses.METRICS_PAGE_LINES:
+            raise TritonError(
+                self.url,
+                f"metrics: the page has more than {responses.METRICS_PAGE_LINES} lines; not parsed",
+            )
         if len(page) <= responses.INLINE_PARSE_CHARS:
             return scraping.parse(page, taken_at=taken_at)
         if self._parsing is not None and not self._parsing.done():
             raise TritonError(self.url, "metrics: its previous page is still being parsed")
-        if self._parser is None:
-            self._parser = concurrent.futures.ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix="batchpilot-metrics"
-            )
-        self._parsing = self._parser.submit(scraping.parse, page, taken_at=taken_at)
+        self._parsing = _LARGE_PAGES.submit(scraping.parse, page, taken_at=taken_at)
         return await asyncio.wrap_future(self._parsing)
 
 

@@ -394,7 +394,7 @@ async def test_a_metrics_page_of_hundreds_of_megabytes_is_cut_at_the_cap(
     with pytest.raises(servers.Unreachable) as cut:
         await triton.metrics_text()
     await triton.close()
-    assert cut.value.message == "metrics: the answer is larger than 8 MiB; cut off there"
+    assert cut.value.message == "metrics: the answer is larger than 4 MiB; cut off there"
     await asyncio.wait_for(hostile.hung_up.wait(), 10)
     assert hostile.most_sent < SENT_AT_MOST, f"{hostile.most_sent} bytes sent: read on and on"
 
@@ -461,28 +461,42 @@ async def test_a_prometheus_named_by_host_name_is_looked_up_on_the_source_s_own_
     assert not lookups[0].is_alive(), "closing the source ends its lookup thread"
 
 
-def large_metrics_page(size: int) -> str:
-    """A valid Triton metrics page of about `size` characters: many models' success counts."""
+def large_metrics_page(series: int) -> str:
+    """A valid Triton metrics page: many models' success counts, about 65 bytes a series."""
     header = "# TYPE nv_inference_request_success counter\n"
     line = 'nv_inference_request_success{{model="model_{0}",version="1"}} {0}\n'
-    count = size // len(line.format(100_000))
-    return header + "".join(line.format(number) for number in range(count))
+    return header + "".join(line.format(number) for number in range(series))
+
+
+def serving_page(page: str) -> web.Application:
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(text=page)
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+@pytest.mark.timeout(30)
+async def test_a_metrics_page_of_too_many_series_is_refused_unparsed(
+    serve_app: ServeApp,
+) -> None:
+    """Under the byte cap, but parsing it would take more memory than the operator has."""
+    url = await serve_app(serving_page(large_metrics_page(responses.METRICS_PAGE_LINES + 1)))
+    triton = servers.TritonServer(url, metrics_url=f"{url}/metrics")
+    source = sources.TritonMetricsSource([triton], models=["model_1"])
+    reading = await source.read()
+    await triton.close()
+    assert reading.problems == (f"{url}: metrics: the page has more than 20000 lines; not parsed",)
 
 
 @pytest.mark.timeout(60)
 async def test_a_large_metrics_page_is_parsed_while_the_event_loop_runs(
     serve_app: ServeApp, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A page under the cap but megabytes long takes seconds to parse: the event loop every
-    policy shares keeps running meanwhile."""
-    page = large_metrics_page(6 * responses.MIB)
-
-    async def metrics(request: web.Request) -> web.Response:
-        return web.Response(text=page)
-
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    url = await serve_app(app)
+    """A page under the caps but a megabyte long takes a second or so to parse: the event
+    loop every policy shares keeps running meanwhile."""
+    url = await serve_app(serving_page(large_metrics_page(responses.METRICS_PAGE_LINES - 10)))
     parsing = threading.Event()
     parse = scraping.parse
 
