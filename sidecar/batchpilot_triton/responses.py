@@ -45,8 +45,8 @@ a series, so a page of short lines under the byte cap could otherwise take 100 M
 About 150 series a model with an LLM engine's histograms, 25 without: room for 130 to 800."""
 TRITON_JSON_BYTES = 4 * MIB
 """Triton's JSON answers: a model config, the repository index, statistics, an error."""
-STATUS_BYTES = 4 * MIB
-"""A sidecar's /status document."""
+STATUS_BYTES = 2 * MIB
+"""A sidecar's /status document (a few KiB a model)."""
 ENGINE_ARGUMENTS_BYTES = 1 * MIB
 """A model's engine arguments (its model.json) from a sidecar."""
 PROMETHEUS_BYTES = 1 * MIB
@@ -55,6 +55,9 @@ INLINE_PARSE_CHARS = 256 * KIB
 """A metrics page longer than this is parsed off the event loop (about 0.1 s of parsing)."""
 LARGE_PAGE_PARSES = 2
 """Large pages parsed at once in the whole process, whatever their servers: memory over speed."""
+READS_AT_ONCE = 8
+"""A policy's reads of its servers in flight at once: with the caps, what one policy's
+signals can hold in memory (8 sidecars' 2 MiB, or 8 metrics pages' 4 MiB)."""
 ERROR_BYTES = 16 * KIB
 """What is read of an error answer, for its excerpt."""
 EXCERPT_CHARS = 160

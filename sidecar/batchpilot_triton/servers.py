@@ -292,7 +292,7 @@ class TritonServer:
         """Triton's metrics page, parsed, taken at `clock()` when it arrived (the operator's
         reading: the sidecar parses its own Triton's pages whole).
 
-        Parsing costs about 1.3 KiB a series and 25 us on a busy core, so a page of more than
+        Parsing costs about 1.3 KiB and 60 us a series on a busy core, so a page of more than
         `METRICS_PAGE_LINES` lines is refused unparsed. A page over 256 KiB is parsed off the
         event loop every policy shares, in a pool of `LARGE_PAGE_PARSES` threads for the whole
         process (so memory stays bounded however many servers send large pages), one page of

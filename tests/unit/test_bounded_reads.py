@@ -325,7 +325,7 @@ async def test_a_sidecar_streaming_hundreds_of_megabytes_is_cut_at_the_cap(
     source = sidecars.SidecarSource([url], models=["gpu_sim"], slo=None, timeout=20.0)
     reading = await source.read()
     await source.close()
-    assert reading.problems == (f"sidecar {url}: the answer is larger than 4 MiB; cut off there",)
+    assert reading.problems == (f"sidecar {url}: the answer is larger than 2 MiB; cut off there",)
     await asyncio.wait_for(hostile.hung_up.wait(), 10)
     assert hostile.most_sent < SENT_AT_MOST, f"{hostile.most_sent} bytes sent: read on and on"
 

@@ -126,7 +126,8 @@ class SidecarSource:
     async def _status(self, url: str) -> reports.StatusDocument:
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self._timeout)
+                connector=aiohttp.TCPConnector(limit=responses.READS_AT_ONCE),
+                timeout=aiohttp.ClientTimeout(total=self._timeout),
             )
         try:
             async with self._session.get(f"{url}/status", params=self._query) as response:

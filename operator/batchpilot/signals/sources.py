@@ -11,7 +11,7 @@ from typing import Protocol
 
 from batchpilot.policy import decisions
 from batchpilot.signals import aggregating
-from batchpilot_triton import scraping, servers
+from batchpilot_triton import responses, scraping, servers
 
 
 @dataclass(frozen=True)
@@ -48,9 +48,14 @@ class TritonMetricsSource:
         self._previous: dict[str, scraping.Snapshot] = {}
 
     async def read(self) -> Reading:
+        at_once = asyncio.Semaphore(responses.READS_AT_ONCE)
+
+        async def parsed_page(server: servers.TritonServer) -> scraping.Snapshot:
+            async with at_once:
+                return await server.metrics_snapshot(self._clock)
+
         snapshots = await asyncio.gather(
-            *(server.metrics_snapshot(self._clock) for server in self._servers),
-            return_exceptions=True,
+            *(parsed_page(server) for server in self._servers), return_exceptions=True
         )
         per_server: dict[str, Mapping[str, scraping.ModelRates]] = {}
         gpu_utilization: list[float] = []
