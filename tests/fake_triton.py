@@ -6,9 +6,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
-from batchpilot_triton import servers
+from batchpilot_triton import scraping, servers
 
 ENGINE_BOUNDS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, math.inf)
 """Upper bounds of the fake engine's histogram buckets, in seconds."""
@@ -177,6 +178,9 @@ class FakeTriton:
     def _check(self, what: str) -> None:
         if self.down:
             raise servers.Unreachable(self.url, f"{what}: Connection refused")
+
+    async def metrics_snapshot(self, clock: Callable[[], float]) -> scraping.Snapshot:
+        return scraping.parse(await self.metrics_text(), taken_at=clock())
 
     async def metrics_text(self) -> str:
         self._check("metrics")

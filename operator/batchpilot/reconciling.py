@@ -32,6 +32,7 @@ from batchpilot.signals import sources
 from batchpilot_triton import servers
 
 SIGNAL_TIMEOUT_SECONDS = 5.0
+"""A policy's budget for its signals each tick; every source's own deadlines fit inside it."""
 WAVES_REMEMBERED = 5
 
 
@@ -364,7 +365,12 @@ class Reconciler:
         try:
             async with asyncio.timeout(SIGNAL_TIMEOUT_SECONDS):
                 return await state.source.read()
-        except (TimeoutError, servers.TritonError, OSError) as error:
+        except TimeoutError:
+            return sources.Reading(
+                signals=decisions.Signals(),
+                problems=(f"reading signals: no reading within {SIGNAL_TIMEOUT_SECONDS:g}s",),
+            )
+        except (servers.TritonError, OSError) as error:
             return sources.Reading(
                 signals=decisions.Signals(), problems=(f"reading signals: {error}",)
             )

@@ -1,17 +1,20 @@
 """Talking to one Triton server: its model-repository API, model configs and metrics.
 
 A thin asynchronous layer over `tritonclient.http.aio` that bounds every call by a timeout and
-turns Triton's and aiohttp's many failure shapes into a few errors the actuator can act on.
+every answer by a size cap (`batchpilot_triton.responses`), and turns Triton's and aiohttp's many
+failure shapes into a few errors the actuator can act on, quoting at most a short excerpt of
+what the server said.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import concurrent.futures
 import contextlib
 import json
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Self
 from urllib.parse import quote, urlsplit
 
@@ -19,8 +22,14 @@ import aiohttp
 import tritonclient.http.aio as triton_http
 from tritonclient.utils import InferenceServerException
 
-from batchpilot_triton import endpoints
+from batchpilot_triton import endpoints, responses, scraping
 from batchpilot_triton.modelconfigs import ModelConfig
+
+# Large metrics pages are parsed here, a few at a time for the whole process (threads start
+# with the first such page).
+_LARGE_PAGES = concurrent.futures.ThreadPoolExecutor(
+    max_workers=responses.LARGE_PAGE_PARSES, thread_name_prefix="batchpilot-metrics"
+)
 
 # What Triton answers to a load or unload when it is not in explicit model-control mode.
 _NOT_EXPLICIT = "explicit model load / unload is not allowed"
@@ -74,7 +83,7 @@ class TritonServer:
         url: str,
         *,
         metrics_url: str | None = None,
-        request_timeout: float = 5.0,
+        request_timeout: float = responses.TRITON_DEADLINE_SECONDS,
         load_timeout: float = 300.0,
         liveness_interval: float = 5.0,
         liveness_misses: int = 3,
@@ -90,6 +99,7 @@ class TritonServer:
         """Liveness checks missed in a row after which a load or unload is given up."""
         self._client: triton_http.InferenceServerClient | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._parsing: concurrent.futures.Future[scraping.Snapshot] | None = None
 
     async def __aenter__(self) -> Self:
         return self
@@ -113,9 +123,21 @@ class TritonServer:
     def _triton(self) -> triton_http.InferenceServerClient:
         # Created lazily: aiohttp sessions belong to the running event loop.
         if self._client is None:
-            self._client = triton_http.InferenceServerClient(
+            client = triton_http.InferenceServerClient(
                 self.address, conn_timeout=self.load_timeout, conn_limit=4
             )
+            # tritonclient reads whole bodies itself and takes no response class, so its
+            # session is swapped for one whose responses stop at the cap, on the same
+            # connector with the same settings (tests/unit/test_bounded_reads.py checks it).
+            own = client._stub
+            own.detach()
+            client._stub = aiohttp.ClientSession(
+                connector=client._conn,
+                timeout=own.timeout,
+                auto_decompress=False,
+                response_class=responses.capped_responses(responses.TRITON_JSON_BYTES),
+            )
+            self._client = client
         return self._client
 
     async def _call(self, what: str, call: Any, *, seconds: float | None = None) -> Any:
@@ -126,16 +148,18 @@ class TritonServer:
             waited = seconds or self.request_timeout
             raise Unreachable(self.url, f"{what}: no answer within {waited:g}s") from None
         except (aiohttp.ClientError, OSError) as error:
-            raise Unreachable(self.url, f"{what}: {error}") from None
+            # aiohttp's parser errors quote the bytes they choked on.
+            raise Unreachable(self.url, f"{what}: {responses.excerpt(str(error))}") from None
         except InferenceServerException as error:
-            message = error.message() or str(error)
-            if _NOT_EXPLICIT in message:
+            said = error.message() or str(error)
+            message = responses.excerpt(said)
+            if _NOT_EXPLICIT in said:
                 raise ExplicitModeRequired(
                     self.url,
                     f"{what}: the server refuses model loads ({message}); start tritonserver "
                     "with --model-control-mode=explicit",
                 ) from None
-            if error.status() in ("400", "404") or "unknown model" in message:
+            if error.status() in ("400", "404") or "unknown model" in said:
                 raise ModelUnavailable(self.url, f"{what}: {message}") from None
             raise TritonError(self.url, f"{what}: {message}") from None
 
@@ -235,15 +259,9 @@ class TritonServer:
             ) as response,
         ):
             if response.status != 200:
-                answer = await response.text()
-                try:
-                    document = json.loads(answer)
-                except ValueError:
-                    document = None
-                # Triton answers {"error": ...}; anything else (a list, a string) is the answer.
-                found = document.get("error") if isinstance(document, dict) else None
-                message = answer if found is None else str(found)
-                raise InferenceServerException(msg=message, status=str(response.status))
+                raise InferenceServerException(
+                    msg=await _error_message(response), status=str(response.status)
+                )
 
     async def unload(self, model: str) -> None:
         await self._while_live(f"unload of {model}", self._triton().unload_model(model))
@@ -264,7 +282,47 @@ class TritonServer:
         async def fetch() -> str:
             async with session.get(self.metrics_url) as response:
                 response.raise_for_status()
-                return await response.text()
+                page = await responses.read_capped(response, responses.METRICS_PAGE_BYTES)
+                return page.decode(response.get_encoding(), errors="replace")
 
         text: str = await self._call("metrics", fetch())
         return text
+
+    async def metrics_snapshot(self, clock: Callable[[], float]) -> scraping.Snapshot:
+        """Triton's metrics page, parsed, taken at `clock()` when it arrived (the operator's
+        reading: the sidecar parses its own Triton's pages whole).
+
+        Parsing costs about 1.3 KiB and 60 us a series on a busy core, so a page of more than
+        `METRICS_PAGE_LINES` lines is refused unparsed. A page over 256 KiB is parsed off the
+        event loop every policy shares, in a pool of `LARGE_PAGE_PARSES` threads for the whole
+        process (so memory stays bounded however many servers send large pages), one page of
+        a server at a time: a server whose pages outrun their parsing is refused until the
+        last one is done. Waiting for the pool ends with the caller's deadline."""
+        page = await self.metrics_text()
+        taken_at = clock()
+        if page.count("\n") > responses.METRICS_PAGE_LINES:
+            raise TritonError(
+                self.url,
+                f"metrics: the page has more than {responses.METRICS_PAGE_LINES} lines; not parsed",
+            )
+        if len(page) <= responses.INLINE_PARSE_CHARS:
+            return scraping.parse(page, taken_at=taken_at)
+        if self._parsing is not None and not self._parsing.done():
+            raise TritonError(self.url, "metrics: its previous page is still being parsed")
+        self._parsing = _LARGE_PAGES.submit(scraping.parse, page, taken_at=taken_at)
+        return await asyncio.wrap_future(self._parsing)
+
+
+async def _error_message(response: aiohttp.ClientResponse) -> str:
+    """Triton's `error` of an error answer, else the answer's start; an excerpt either way."""
+    try:
+        answer = await responses.read_capped(response, responses.ERROR_BYTES)
+    except responses.TooLarge:
+        return responses.refusal(response.status, response.reason)
+    text = answer.decode(errors="replace")
+    try:
+        document = json.loads(text)
+    except ValueError:
+        return responses.excerpt(text) or responses.refusal(response.status, response.reason)
+    found = document.get("error") if isinstance(document, dict) else None
+    return responses.excerpt(str(found if found is not None else text))

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-import urllib.request
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import urlsplit
 
 import pytest
 from aiohttp import web
+from prometheus_api_client import PrometheusConnect
 
 from batchpilot.signals import prometheus
 from batchpilot_harness import demo_models, loadgen, local_triton
@@ -48,6 +47,7 @@ async def test_prometheus_source_reads_the_fleet_rate_depth_and_latency(
     )
     await asyncio.sleep(1.5)  # one more scrape after the load
     reading = await source.read()
+    await source.close()
     assert reading.problems == ()
     signals = reading.signals.metrics
     # The last 10 s window overlaps the load's end, so the rate is somewhere below 200.
@@ -60,7 +60,9 @@ async def test_prometheus_source_reads_the_fleet_rate_depth_and_latency(
     other = prometheus.PrometheusSource(
         promserver.url, namespace="other", pods=["triton-0"], models=[demo_models.GPU_SIM]
     )
-    assert (await other.read()).signals.metrics == {}, "other namespaces' series are not ours"
+    other_reading = await other.read()
+    await other.close()
+    assert other_reading.signals.metrics == {}, "other namespaces' series are not ours"
 
 
 @asynccontextmanager
@@ -94,14 +96,10 @@ async def steady_engine(
 async def full_window(url: str, metric: str, *, seconds: int, series: int) -> None:
     """Wait until each of `series` series of `metric` is older than `seconds`: at a 1-s scrape
     interval, `seconds + 2` samples in twice that span (a missed scrape only delays it)."""
-    query = urlencode({"query": f"count_over_time({metric}[{2 * seconds}s]) >= {seconds + 2}"})
-
-    def complete() -> bool:
-        with urllib.request.urlopen(f"{url}/api/v1/query?{query}", timeout=5) as response:
-            return len(json.loads(response.read())["data"]["result"]) == series
-
+    client = PrometheusConnect(url=url, disable_ssl=True)
+    query = f"count_over_time({metric}[{2 * seconds}s]) >= {seconds + 2}"
     deadline = time.monotonic() + 30
-    while not await asyncio.to_thread(complete):
+    while len(await asyncio.to_thread(client.custom_query, query)) < series:
         assert time.monotonic() < deadline, f"Prometheus never held {seconds}s of {metric}"
         await asyncio.sleep(0.5)
 
@@ -156,6 +154,7 @@ async def test_unreachable_prometheus_is_a_problem_not_a_crash() -> None:
     )
     started = time.monotonic()
     reading = await source.read()
+    await source.close()
     assert reading.signals.metrics == {}
     assert reading.problems
     assert "prometheus http://127.0.0.1:9" in reading.problems[0]

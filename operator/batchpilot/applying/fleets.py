@@ -13,7 +13,7 @@ from typing import TypeVar
 from batchpilot.applying import actuators, backoffs, engines
 from batchpilot.applying.replicas import Replica
 from batchpilot.policy import rendering
-from batchpilot_triton import scraping, servers
+from batchpilot_triton import responses, servers
 
 Answer = TypeVar("Answer")
 
@@ -32,7 +32,7 @@ class TritonFleet:
     def __init__(
         self,
         *,
-        request_timeout: float = 5.0,
+        request_timeout: float = responses.TRITON_DEADLINE_SECONDS,
         load_timeout: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
         engine_arguments: engines.EngineArgumentsSource | None = None,
@@ -113,8 +113,7 @@ class TritonFleet:
         """The models' queued requests and how many requests they have completed so far. The
         metrics page is another endpoint than the model API: a failure to read it (a drain cut
         short) starts no backoff, which would hold up the switch that follows the drain."""
-        page = await self.server(url).metrics_text()
-        snapshot = scraping.parse(page, taken_at=self._clock())
+        snapshot = await self.server(url).metrics_snapshot(self._clock)
         return QueueReading(
             pending=sum(snapshot.pending(model) for model in models),
             completed=sum(snapshot.totals(model).requests for model in models),

@@ -4,7 +4,9 @@ arguments.
 In a cluster the operator cannot read a Pod's model repository, but the sidecar in the Pod can:
 it mounts the repository read-only (`--model-repository`) and serves a model's `model.json` at
 `/v1/models/<model>/engine-arguments`. Profile switches are rare, so each read opens its own
-connection and nothing is kept open between them.
+connection and nothing is kept open between them. The sidecar is a Pod of the policy's
+namespace: its answer is read under a deadline and up to a cap, and an error quotes at most an
+excerpt of it (`batchpilot_triton.responses`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import aiohttp
 
 from batchpilot.applying import engines
 from batchpilot.applying.replicas import Replica
-from batchpilot_triton import repositories
+from batchpilot_triton import repositories, responses
 
 
 def engine_arguments_url(sidecar_url: str, model: str) -> str:
@@ -26,8 +28,14 @@ def engine_arguments_url(sidecar_url: str, model: str) -> str:
 class SidecarEngineArguments:
     """An `EngineArgumentsSource` that asks the replica's sidecar."""
 
-    def __init__(self, *, timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        *,
+        timeout: float = responses.ENGINE_ARGUMENTS_DEADLINE_SECONDS,
+        limit: int = responses.ENGINE_ARGUMENTS_BYTES,
+    ) -> None:
         self._timeout = timeout
+        self._limit = limit
 
     async def repository_arguments(
         self, replica: Replica, model: str
@@ -50,11 +58,18 @@ class SidecarEngineArguments:
                 ) as session,
                 session.get(url) as response,
             ):
-                body = await response.read()
                 status = response.status
-        except (aiohttp.ClientError, TimeoutError) as error:
+                limit = self._limit if status == 200 else responses.ERROR_BYTES
+                body = await responses.read_capped(response, limit)
+        except TimeoutError:
             raise engines.EngineArgumentsUnavailable(
-                f"sidecar {replica.sidecar_url} of {replica.title}: {error or type(error).__name__}"
+                f"sidecar {replica.sidecar_url} of {replica.title}: "
+                f"no answer within {self._timeout:g}s"
+            ) from None
+        except aiohttp.ClientError as error:
+            raise engines.EngineArgumentsUnavailable(
+                f"sidecar {replica.sidecar_url} of {replica.title}: "
+                f"{responses.excerpt(str(error)) or type(error).__name__}"
             ) from None
         return _parsed(body, status, sidecar=replica.sidecar_url, model=model)
 
@@ -70,11 +85,12 @@ def _parsed(
         reason = document.get("error") if isinstance(document, dict) else None
         raise engines.EngineArgumentsUnavailable(
             f"sidecar {sidecar}: no engine arguments for model {model!r} (HTTP {status}): "
-            f"{reason or body[:200].decode(errors='replace')}"
+            f"{responses.excerpt(str(reason or body.decode(errors='replace')))}"
         )
     try:
         return repositories.RepositoryArguments.from_json(document)
     except ValueError as error:
         raise engines.EngineArgumentsUnavailable(
-            f"sidecar {sidecar}: engine arguments for model {model!r}: {error}"
+            f"sidecar {sidecar}: engine arguments for model {model!r}: "
+            f"{responses.excerpt(str(error))}"
         ) from None

@@ -16,15 +16,13 @@ import asyncio
 import json
 import string
 from collections.abc import Sequence
+from urllib.parse import urlsplit, urlunsplit
 
-from prometheus_api_client import PrometheusConnect
-from prometheus_api_client.exceptions import PrometheusApiClientException
-from requests import RequestException, Session
-from urllib3.util.retry import Retry
+import aiohttp
 
 from batchpilot.policy import decisions
 from batchpilot.signals import sources
-from batchpilot_triton import engine_metrics, scraping
+from batchpilot_triton import engine_metrics, responses, scraping
 
 # Series batchpilot reads; the recommendation is the sidecar's own gauge.
 RECOMMENDATION = "batchpilot_sidecar_recommended_queue_delay_microseconds"
@@ -88,6 +86,17 @@ def queries(
 
 
 class PrometheusSource:
+    """The policy's queries, asked of its Prometheus at once, under one deadline.
+
+    Read with aiohttp on the event loop: the deadline cancels each request whole (connect,
+    headers, body), nothing waits in a thread pool that other policies share, and the name of
+    the server is looked up on a thread of this source's own
+    (`responses.OwnThreadResolver`). prometheus-api-client, used here before, runs `requests`
+    in threads: its timeout bounds each socket read, not the answer, so a server trickling
+    bytes held those threads (and the pool the Kubernetes calls run in) for as long as it
+    liked, and its errors carried the answer's body.
+    """
+
     def __init__(
         self,
         url: str,
@@ -96,47 +105,99 @@ class PrometheusSource:
         pods: Sequence[str],
         models: Sequence[str],
         window: str = "1m",
-        timeout: float = 5.0,
+        timeout: float = responses.PROMETHEUS_DEADLINE_SECONDS,
+        limit: int = responses.PROMETHEUS_BYTES,
     ) -> None:
-        # Our own session, so close() can release its connections when the policy goes.
-        self._session = Session()
-        # One quick retry at most: a tick that cannot read Prometheus reports it and moves on.
-        self._client = PrometheusConnect(
-            url=url,
-            disable_ssl=False,
-            timeout=int(timeout) or 1,
-            retry=Retry(total=1),
-            session=self._session,
-        )
-        self._url = url
-        self._timeout = timeout
+        self._endpoint = url.rstrip("/") + "/api/v1/query"
+        self._title = _without_credentials(url)
+        self._deadline = timeout
+        self._limit = limit
         self._queries = queries(namespace=namespace, pods=pods, models=models, window=window)
+        self._session: aiohttp.ClientSession | None = None
+        self._resolver: responses.OwnThreadResolver | None = None
 
-    def _query(self, promql: str) -> float | None:
-        result = self._client.custom_query(promql, params={"timeout": f"{self._timeout:g}s"})
-        if not result:
-            return None
-        value = float(result[0]["value"][1])
-        return None if value != value else value  # NaN: no data, e.g. 0/0
+    def _client(self) -> aiohttp.ClientSession:
+        # Created in the running loop; a few connections, enough for a tick's queries.
+        if self._session is None:
+            self._resolver = responses.OwnThreadResolver()  # the connector does not close it
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=4, resolver=self._resolver),
+                # read() holds the deadline; this only keeps a stray request from outliving it.
+                timeout=aiohttp.ClientTimeout(total=2 * self._deadline),
+            )
+        return self._session
+
+    async def _query(self, promql: str) -> float | None:
+        params = {"query": promql, "timeout": f"{self._deadline:g}s"}
+        async with self._client().get(self._endpoint, params=params) as response:
+            if response.status != 200:
+                raise PrometheusRefused(responses.refusal(response.status, response.reason))
+            body = await responses.read_capped(response, self._limit)
+        return _value(body)
 
     async def read(self) -> sources.Reading:
         if not self._queries:
             return sources.Reading(signals=decisions.Signals())
-        names = list(self._queries)
-        answers = await asyncio.gather(
-            *(asyncio.to_thread(self._query, self._queries[name]) for name in names),
-            return_exceptions=True,
-        )
+        asked = {
+            asyncio.ensure_future(self._query(promql)): name
+            for name, promql in self._queries.items()
+        }
+        try:
+            done, late = await asyncio.wait(asked, timeout=self._deadline)
+        finally:
+            # Late or not, when the tick gives up on the read: no query outlives it.
+            unfinished = [task for task in asked if not task.done()]
+            for task in unfinished:
+                task.cancel()
+            await asyncio.gather(*unfinished, return_exceptions=True)
         metrics: dict[str, float] = {}
         problems: list[str] = []
-        for name, answer in zip(names, answers, strict=True):
-            if isinstance(answer, PrometheusApiClientException | RequestException):
-                problems.append(f"prometheus {self._url}: {name}: {answer}")
-            elif isinstance(answer, BaseException):
-                raise answer
-            elif answer is not None:
-                metrics[name] = answer
+        if late:
+            problems.append(
+                f"prometheus {self._title}: {len(late)} of {len(asked)} queries unanswered "
+                f"within {self._deadline:g}s"
+            )
+        for task in done:
+            error = task.exception()
+            if error is None:
+                answer = task.result()
+                if answer is not None:
+                    metrics[asked[task]] = answer
+            elif isinstance(error, PrometheusRefused | aiohttp.ClientError | TimeoutError):
+                message = responses.excerpt(str(error)) or type(error).__name__
+                problems.append(f"prometheus {self._title}: {asked[task]}: {message}")
+            else:
+                raise error
         return sources.Reading(signals=decisions.Signals(metrics), problems=tuple(problems[:1]))
 
     async def close(self) -> None:
-        self._session.close()
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
+        if self._resolver is not None:
+            resolver, self._resolver = self._resolver, None
+            await resolver.close()
+
+
+class PrometheusRefused(Exception):
+    """Prometheus answered, but not with a result (its status and reason, never its body)."""
+
+
+def _value(body: bytes) -> float | None:
+    """The number in an instant query's answer; None when it has none (no series, NaN)."""
+    try:
+        document = json.loads(body)
+        result = document["data"]["result"]
+        if not result:
+            return None
+        value = float(result[0]["value"][1])
+    except (ValueError, TypeError, KeyError, IndexError):
+        raise PrometheusRefused("not an instant query answer") from None
+    return None if value != value else value  # NaN: no data, e.g. 0/0
+
+
+def _without_credentials(url: str) -> str:
+    """The URL as problems show it: no user or password it may carry, no query."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))

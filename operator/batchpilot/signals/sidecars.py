@@ -13,7 +13,10 @@ largest: each server's is the least that prefills in time there); those are show
 applied.
 
 A sidecar that does not answer, answers nonsense, or has stale data is named in the reading's
-problems and contributes nothing, never zeros. The operator reads sidecars the same way.
+problems and contributes nothing, never zeros. The operator reads sidecars the same way. A
+sidecar is a Pod of the policy's namespace, so its answer is read like any other server's a
+policy names (`batchpilot_triton.responses`): under a total deadline, up to a size cap, and an
+error is told by its status and reason.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import pydantic
 
 from batchpilot.policy import decisions, specs
 from batchpilot.signals import aggregating, sources
-from batchpilot_triton import reports, scraping
+from batchpilot_triton import reports, responses, scraping
 
 STATUS_DOCUMENT = pydantic.TypeAdapter(reports.StatusDocument)
 """Validates a sidecar's /status against the model the sidecar writes it from."""
@@ -60,7 +63,8 @@ class SidecarSource:
         *,
         models: Collection[str],
         slo: specs.Slo | None,
-        timeout: float = 2.0,
+        timeout: float = responses.SIDECAR_DEADLINE_SECONDS,
+        limit: int = responses.STATUS_BYTES,
         known_problems: Sequence[str] = (),
     ) -> None:
         self._urls = [url.rstrip("/") for url in sidecar_urls]
@@ -68,6 +72,7 @@ class SidecarSource:
         self._models = models
         self._query = objective_query(slo)
         self._timeout = timeout
+        self._limit = limit
         self._session: aiohttp.ClientSession | None = None
 
     async def read(self) -> sources.Reading:
@@ -121,15 +126,27 @@ class SidecarSource:
     async def _status(self, url: str) -> reports.StatusDocument:
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self._timeout)
+                connector=aiohttp.TCPConnector(limit=responses.READS_AT_ONCE),
+                timeout=aiohttp.ClientTimeout(total=self._timeout),
             )
         try:
             async with self._session.get(f"{url}/status", params=self._query) as response:
-                response.raise_for_status()
-                body = await response.read()
-        except (aiohttp.ClientError, TimeoutError) as error:
-            raise SidecarError(f"sidecar {url}: {error or type(error).__name__}") from None
+                if response.status != 200:
+                    refused = responses.refusal(response.status, response.reason)
+                    raise SidecarError(f"sidecar {url}: {refused}")
+                body = await responses.read_capped(response, self._limit)
+        except TimeoutError:
+            raise SidecarError(f"sidecar {url}: no answer within {self._timeout:g}s") from None
+        except aiohttp.ClientError as error:
+            said = responses.excerpt(str(error)) or type(error).__name__
+            raise SidecarError(f"sidecar {url}: {said}") from None
         try:
             return STATUS_DOCUMENT.validate_json(body)
         except pydantic.ValidationError as error:
-            raise SidecarError(f"sidecar {url}: not a sidecar status: {error}") from None
+            # The first problem's place and kind; pydantic's message would quote the input.
+            first = error.errors(include_input=False, include_url=False)[0]
+            place = ".".join(str(part) for part in first["loc"]) or "the document"
+            raise SidecarError(
+                f"sidecar {url}: not a sidecar status ({error.error_count()} problems; "
+                f"{place}: {responses.excerpt(first['msg'], 80)})"
+            ) from None

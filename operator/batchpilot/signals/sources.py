@@ -11,7 +11,7 @@ from typing import Protocol
 
 from batchpilot.policy import decisions
 from batchpilot.signals import aggregating
-from batchpilot_triton import scraping, servers
+from batchpilot_triton import responses, scraping, servers
 
 
 @dataclass(frozen=True)
@@ -48,20 +48,25 @@ class TritonMetricsSource:
         self._previous: dict[str, scraping.Snapshot] = {}
 
     async def read(self) -> Reading:
-        pages = await asyncio.gather(
-            *(server.metrics_text() for server in self._servers), return_exceptions=True
+        at_once = asyncio.Semaphore(responses.READS_AT_ONCE)
+
+        async def parsed_page(server: servers.TritonServer) -> scraping.Snapshot:
+            async with at_once:
+                return await server.metrics_snapshot(self._clock)
+
+        snapshots = await asyncio.gather(
+            *(parsed_page(server) for server in self._servers), return_exceptions=True
         )
         per_server: dict[str, Mapping[str, scraping.ModelRates]] = {}
         gpu_utilization: list[float] = []
         problems: list[str] = []
-        for server, page in zip(self._servers, pages, strict=True):
-            if isinstance(page, BaseException):
-                if not isinstance(page, servers.TritonError):
-                    raise page
-                problems.append(str(page))
+        for server, snapshot in zip(self._servers, snapshots, strict=True):
+            if isinstance(snapshot, BaseException):
+                if not isinstance(snapshot, servers.TritonError):
+                    raise snapshot
+                problems.append(str(snapshot))
                 self._previous.pop(server.url, None)
                 continue
-            snapshot = scraping.parse(page, taken_at=self._clock())
             gpu_utilization.extend(snapshot.gpu_values(scraping.GPU_UTILIZATION))
             previous = self._previous.get(server.url)
             self._previous[server.url] = snapshot

@@ -1,0 +1,173 @@
+"""Reading answers from servers a policy author names: every read bounded, every error summarised.
+
+The operator serves every namespace from one process (256 MiB), so nothing a policy points it
+at may hold it for long, fill its memory, or have its words repeated where others read them.
+Triton servers and sidecars are Pods of the policy's namespace and Prometheus is any URL the
+policy gives; each of them may be slow, huge or hostile. So every read here has:
+
+- a total deadline, connect, headers and body together (asyncio cancels the whole request; a
+  per-read socket timeout would let a server that trickles a byte a second hold it forever);
+- a size cap, checked as the body arrives, so a server streaming without end is cut off after
+  the cap, not after it has filled memory;
+- errors as a status, a reason and at most a short one-line excerpt: an error answer's body
+  never reaches a condition or an event whole.
+
+The defaults below are the documented ones (README, "Bounded reads").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import socket
+from typing import Any, ClassVar
+
+import aiohttp
+import aiohttp.abc
+
+KIB = 1024
+MIB = 1024 * KIB
+
+TRITON_DEADLINE_SECONDS = 5.0
+"""A Triton call other than a model load or unload (those run under the load timeout)."""
+SIDECAR_DEADLINE_SECONDS = 2.0
+"""One sidecar's /status."""
+ENGINE_ARGUMENTS_DEADLINE_SECONDS = 5.0
+"""A model's engine arguments from the sidecar beside a Pod."""
+PROMETHEUS_DEADLINE_SECONDS = 4.0
+"""All of a policy's queries to its Prometheus in one tick (within the tick's 5-s signal budget)."""
+
+METRICS_PAGE_BYTES = 4 * MIB
+"""Triton's metrics page (about 100 bytes a series)."""
+METRICS_PAGE_LINES = 20_000
+"""The most lines of a metrics page the operator parses: parsing takes about 1.3 KiB of memory
+a series, so a page of short lines under the byte cap could otherwise take 100 MiB or more.
+About 150 series a model with an LLM engine's histograms, 25 without: room for 130 to 800."""
+TRITON_JSON_BYTES = 4 * MIB
+"""Triton's JSON answers: a model config, the repository index, statistics, an error."""
+STATUS_BYTES = 2 * MIB
+"""A sidecar's /status document (a few KiB a model)."""
+ENGINE_ARGUMENTS_BYTES = 1 * MIB
+"""A model's engine arguments (its model.json) from a sidecar."""
+PROMETHEUS_BYTES = 1 * MIB
+"""One Prometheus query's answer (batchpilot's queries reduce to one number each)."""
+INLINE_PARSE_CHARS = 256 * KIB
+"""A metrics page longer than this is parsed off the event loop (about 0.1 s of parsing)."""
+LARGE_PAGE_PARSES = 2
+"""Large pages parsed at once in the whole process, whatever their servers: memory over speed."""
+READS_AT_ONCE = 8
+"""A policy's reads of its servers in flight at once: with the caps, what one policy's
+signals can hold in memory (8 sidecars' 2 MiB, or 8 metrics pages' 4 MiB)."""
+ERROR_BYTES = 16 * KIB
+"""What is read of an error answer, for its excerpt."""
+EXCERPT_CHARS = 160
+"""The most of a server's own words an error message repeats."""
+
+
+class TooLarge(aiohttp.ClientPayloadError):
+    """The answer is larger than its cap; it was cut off and its connection closed."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        super().__init__(f"the answer is larger than {size_text(limit)}; cut off there")
+
+
+def size_text(size: int) -> str:
+    if size % MIB == 0:
+        return f"{size // MIB} MiB"
+    if size % KIB == 0:
+        return f"{size // KIB} KiB"
+    return f"{size} bytes"
+
+
+def excerpt(text: str, chars: int = EXCERPT_CHARS) -> str:
+    """A server's words as one printable line of at most `chars` characters."""
+    line = " ".join("".join(c if c.isprintable() else " " for c in text).split())
+    return line if len(line) <= chars else line[: chars - 1] + "…"
+
+
+def refusal(status: int, reason: str | None) -> str:
+    """An HTTP error answer as its status and reason only, never its body."""
+    return f"HTTP {status} {excerpt(reason or '', 60)}".rstrip()
+
+
+async def read_capped(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The whole body, or TooLarge as soon as it passes `limit` bytes (decompressed bytes,
+    where aiohttp decompresses). The caller's deadline bounds the time."""
+    declared = response.content_length
+    if declared is not None and declared > limit:
+        response.close()
+        raise TooLarge(limit)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            response.close()
+            raise TooLarge(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+class CappedResponse(aiohttp.ClientResponse):
+    """A response whose `read()` (and so `text()` and `json()`) stops at `limit` bytes.
+
+    For clients that read bodies themselves (tritonclient's aio client): given to their
+    session as its `response_class`."""
+
+    limit: ClassVar[int] = TRITON_JSON_BYTES
+    _capped_body: bytes | None = None
+
+    async def read(self) -> bytes:
+        if self._capped_body is None:
+            self._capped_body = await read_capped(self, self.limit)
+        return self._capped_body
+
+
+def capped_responses(limit: int) -> type[CappedResponse]:
+    return type(f"CappedResponse{limit}", (CappedResponse,), {"limit": limit})
+
+
+class OwnThreadResolver(aiohttp.abc.AbstractResolver):
+    """Name lookups on one thread of their own, one at a time.
+
+    aiohttp's default resolver runs getaddrinfo in the event loop's default thread pool, which
+    the operator's Kubernetes calls use too. A lookup cannot be cancelled, so a name whose DNS
+    never answers would keep taking threads from that pool, one per tick, until the
+    Kubernetes calls of every policy waited behind it. Here a slow lookup holds this thread
+    only, and the next lookup is refused until it ends."""
+
+    def __init__(self) -> None:
+        self._thread = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="batchpilot-resolver"
+        )
+        self._running: concurrent.futures.Future[Any] | None = None
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[aiohttp.abc.ResolveResult]:
+        if self._running is not None and not self._running.done():
+            raise OSError(f"the previous lookup of {host!r} has not ended; not asked again yet")
+        self._running = self._thread.submit(
+            socket.getaddrinfo,
+            host,
+            port,
+            family=family,
+            type=socket.SOCK_STREAM,
+            flags=socket.AI_ADDRCONFIG,
+        )
+        infos = await asyncio.wrap_future(self._running)
+        return [
+            aiohttp.abc.ResolveResult(
+                hostname=host,
+                host=str(address[0]),
+                port=int(address[1]),
+                family=found_family,
+                proto=proto,
+                flags=socket.AI_NUMERICHOST | socket.AI_NUMERICSERV,
+            )
+            for found_family, _, proto, _, address in infos
+        ]
+
+    async def close(self) -> None:
+        self._thread.shutdown(wait=False, cancel_futures=True)
