@@ -294,7 +294,9 @@ async def test_a_trickling_prometheus_of_one_policy_holds_nothing_another_policy
     a_reads = [asyncio.ensure_future(policy_a.read()) for _ in range(2)]
     try:
         await asyncio.wait_for(hostile.until_trickling(4), timeout=30)
-        target = specs.Target.model_validate({"selector": {}, "models": ["gpu_sim"]})
+        target = specs.Target.model_validate(
+            {"selector": {"matchLabels": {"app": "triton"}}, "models": ["gpu_sim"]}
+        )
         b_pods, b_reading = await asyncio.wait_for(
             asyncio.gather(kube_pods.Pods(api).replicas("tenant-b", target), policy_b.read()),
             timeout=30,
