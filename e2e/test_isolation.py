@@ -17,6 +17,7 @@ import pytest
 import yaml
 from kubernetes import client
 
+from batchpilot_triton import endpoints
 from e2e import fleet, namespaces, operators, waiting
 from e2e.cluster import podrunner
 from e2e.hostile_servers import PROMETHEUS_PORT
@@ -45,7 +46,18 @@ def hostile_pod(name: str, labels: dict[str, str]) -> client.V1Pod:
         spec=client.V1PodSpec(
             containers=[
                 client.V1Container(
-                    name="main", image="registry.invalid/hostile:0", image_pull_policy="Never"
+                    name="main",
+                    image="registry.invalid/hostile:0",
+                    image_pull_policy="Never",
+                    # Named as a Triton Pod's are, so that the policies read every port.
+                    ports=[
+                        client.V1ContainerPort(name=name, container_port=port)
+                        for name, port in (
+                            ("http", endpoints.TRITON_HTTP_PORT),
+                            ("metrics", endpoints.TRITON_METRICS_PORT),
+                            ("sidecar", endpoints.SIDECAR_PORT),
+                        )
+                    ],
                 )
             ],
             termination_grace_period_seconds=2,
@@ -193,8 +205,11 @@ def test_a_hostile_tenant_delays_no_other_policy_and_cannot_exhaust_the_operator
     assert healthy
     assert switched_after <= 0
     assert peak < operator_memory_limit()
+    assert flood is not None
+    assert trickle is not None
+    assert "larger than" in flood["message"]
+    assert "within" in trickle["message"]
     for condition in (flood, trickle):
-        assert condition is not None
         # Said in a sentence, never echoed: no run of the flood's bytes reaches the status.
         assert 0 < len(condition["message"]) <= 1024
         assert "aaaaaaaa" not in condition["message"]
