@@ -69,6 +69,7 @@ def _run(arguments: argparse.Namespace) -> int:
     return asyncio.run(
         running.run_standalone(
             name=named.name,
+            namespace=named.namespace,
             spec=named.spec,
             triton_urls=arguments.triton,
             metrics_urls=arguments.triton_metrics,
