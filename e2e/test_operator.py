@@ -485,10 +485,17 @@ def test_operator_exports_the_active_profile_and_updated_targets_while_live(
     operators.apply_policy(kube, namespace, fleet.policy())
     waiting.wait_for("bulk everywhere", fleet.everyone_serves(ips, "bulk"), timeout=30)
     page = operator.metrics()
-    assert 'batchpilot_active_profile{policy="fleet",profile="bulk"} 1.0' in page
-    assert 'batchpilot_targets{policy="fleet",state="updated"} 1.0' in page
+    policy = f'policy_namespace="{namespace}",policy="fleet"'
+    assert f'batchpilot_active_profile{{{policy},profile="bulk"}} 1.0' in page
+    assert f'batchpilot_targets{{{policy},state="updated"}} 1.0' in page
     assert "batchpilot_profile_switches_total" in page
     assert operator.healthy()
+    # A deleted policy's series leave the page with it.
+    deleted = kube.kubectl_run("delete", "bp", "fleet", "-n", namespace, "--wait=false")
+    assert deleted.returncode == 0, deleted.stderr
+    waiting.wait_for(
+        "the policy's series gone", lambda: 'policy="fleet"' not in operator.metrics(), timeout=30
+    )
 
 
 @pytest.mark.timeout(120)

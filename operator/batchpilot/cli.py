@@ -197,7 +197,13 @@ def build_parser() -> argparse.ArgumentParser:
         "decided profile to every server, one after another, repairing drift (e.g. after a "
         "server restart). Stops cleanly on SIGTERM or Ctrl-C.",
     )
-    run.add_argument("--policy", type=Path, required=True, help="BatchPolicy YAML file")
+    run.add_argument(
+        "--policy",
+        type=Path,
+        required=True,
+        help="BatchPolicy YAML file; its metadata.namespace, if any, labels the metrics "
+        "(policy_namespace) as the operator's do",
+    )
     run.add_argument(
         "--triton",
         action="append",
