@@ -103,7 +103,7 @@ class ControllerMetrics:
     lead_time: Gauge
     guard_actions: Counter
     drains_ineffective: Counter
-    exported: dict[PolicyLabels, set[tuple[Counter | Gauge | Histogram, tuple[str, ...]]]] = field(
+    exported: dict[PolicyLabels, set[tuple[AnyFamily, tuple[str, ...]]]] = field(
         default_factory=dict
     )
     """Per policy, the series written: each family with the labels after the policy's."""
