@@ -6,6 +6,7 @@ import datetime
 from pathlib import Path
 
 import pytest
+from prometheus_client import parser
 
 from batchpilot import running, telemetry
 from batchpilot.signals import sources
@@ -133,7 +134,13 @@ def test_run_command_applies_serves_metrics_and_stops_on_sigterm(
     output, metrics = runner.output, runner.metrics
     assert runner.returncode == 0, output
     # The document's namespace names the policy on its series, as the operator's do.
-    active = 'batchpilot_active_profile{policy_namespace="serving",policy="cli",profile="bulk"}'
-    assert f"{active} 1.0" in metrics
+    active = {
+        (tuple(sorted(sample.labels.items())), sample.value)
+        for family in parser.text_string_to_metric_families(metrics)
+        for sample in family.samples
+        if sample.name == telemetry.ACTIVE_PROFILE
+    }
+    named = {"policy_namespace": "serving", "policy": "cli", "profile": "bulk"}
+    assert active == {(tuple(sorted(named.items())), 1.0)}
     assert "switch to bulk: defaultProfile (no schedule windows)" in output
     assert output.rstrip().endswith("stopped")
