@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from prometheus_client import parser
 
 from batchpilot_harness import loadgen
 from batchpilot_triton import endpoints
@@ -484,11 +485,28 @@ def test_operator_exports_the_active_profile_and_updated_targets_while_live(
     operator = start_operator()
     operators.apply_policy(kube, namespace, fleet.policy())
     waiting.wait_for("bulk everywhere", fleet.everyone_serves(ips, "bulk"), timeout=30)
-    page = operator.metrics()
-    assert 'batchpilot_active_profile{policy="fleet",profile="bulk"} 1.0' in page
-    assert 'batchpilot_targets{policy="fleet",state="updated"} 1.0' in page
-    assert "batchpilot_profile_switches_total" in page
+    policy = {"policy_namespace": namespace, "policy": "fleet"}
+
+    def series() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """The policy's samples: by name and other labels."""
+        return {
+            (sample.name, tuple(sorted(set(sample.labels.items()) - set(policy.items())))): (
+                sample.value
+            )
+            for family in parser.text_string_to_metric_families(operator.metrics())
+            for sample in family.samples
+            if policy.items() <= sample.labels.items()
+        }
+
+    exported = series()
+    assert exported[("batchpilot_active_profile", (("profile", "bulk"),))] == 1
+    assert exported[("batchpilot_targets", (("state", "updated"),))] == 1
+    assert ("batchpilot_profile_switches_total", (("profile", "bulk"),)) in exported
     assert operator.healthy()
+    # A deleted policy's series leave the page with it.
+    deleted = kube.kubectl_run("delete", "bp", "fleet", "-n", namespace, "--wait=false")
+    assert deleted.returncode == 0, deleted.stderr
+    waiting.wait_for("the policy's series gone", lambda: not series(), timeout=30)
 
 
 @pytest.mark.timeout(120)

@@ -57,11 +57,11 @@ def _points(series: Series, start: float, *, step: float) -> tuple[list[float], 
 
 
 def _state_timeline(axes: Any, results: Sequence[Series], start: float, step: float) -> None:
-    rows = sorted({legend("{{policy}}", s["metric"]) for s in results})
+    rows = sorted({legend(dashboards.NAMED, s["metric"]) for s in results})
     colors = plt.get_cmap("tab10")
     profiles = sorted({s["metric"].get("profile", "") for s in results})
     for series in results:
-        row = rows.index(legend("{{policy}}", series["metric"]))
+        row = rows.index(legend(dashboards.NAMED, series["metric"]))
         profile = series["metric"].get("profile", "")
         color = colors(profiles.index(profile))
         times, values = _points(series, start, step=step)

@@ -36,7 +36,8 @@ from triton_fixtures import TritonFactory
 GPU_SIM = demo_models.GPU_SIM
 BUSY_SECONDS = "emulated_device_busy_seconds_total"
 NAMESPACE = "trading"
-"""The namespace label Prometheus gives the sidecar's series."""
+"""The namespace label Prometheus gives the sidecar's series, and the policies' namespace (the
+runner's series name it policy_namespace), as for an operator's policy beside its Pods."""
 
 # Interactive batching while quiet, bulk under a burst: the burst makes both profiles, a switch
 # each way, reloads (apply latency) and a visible change of batch size and device load.
@@ -45,6 +46,7 @@ apiVersion: batchpilot.dev/v1alpha1
 kind: BatchPolicy
 metadata:
   name: desk
+  namespace: {NAMESPACE}
 spec:
   target:
     selector: {{matchLabels: {{app: triton}}}}

@@ -69,6 +69,7 @@ def _run(arguments: argparse.Namespace) -> int:
     return asyncio.run(
         running.run_standalone(
             name=named.name,
+            namespace=named.namespace,
             spec=named.spec,
             triton_urls=arguments.triton,
             metrics_urls=arguments.triton_metrics,
@@ -196,7 +197,13 @@ def build_parser() -> argparse.ArgumentParser:
         "decided profile to every server, one after another, repairing drift (e.g. after a "
         "server restart). Stops cleanly on SIGTERM or Ctrl-C.",
     )
-    run.add_argument("--policy", type=Path, required=True, help="BatchPolicy YAML file")
+    run.add_argument(
+        "--policy",
+        type=Path,
+        required=True,
+        help="BatchPolicy YAML file; its metadata.namespace, if any, labels the metrics "
+        "(policy_namespace) as the operator's do",
+    )
     run.add_argument(
         "--triton",
         action="append",

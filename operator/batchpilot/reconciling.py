@@ -178,7 +178,9 @@ class Reconciler:
         """None: one policy governs every replica it is given (the runner's)."""
 
     async def forget_policy(self, namespace: str, name: str) -> None:
-        """The policy is gone: its servers no longer keep their clients open."""
+        """The policy is gone (or this replica no longer governs it): its series leave the
+        metrics page, its servers no longer keep their clients open."""
+        self.metrics.forget(telemetry.PolicyLabels(namespace, name))
         await self.fleet.release((namespace, name))
 
     async def release_pods(
@@ -224,7 +226,10 @@ class Reconciler:
         except documents.PolicyError as error:
             problems = tuple(str(problem) for problem in error.problems)
             return self._report(
-                name, dataclasses.replace(found, problems=problems), previous, state
+                telemetry.PolicyLabels(namespace, name),
+                dataclasses.replace(found, problems=problems),
+                previous,
+                state,
             )
         state.resume(previous, policy)
 
@@ -254,7 +259,9 @@ class Reconciler:
                 *reporting.missing_signals(policy, observed.reading.signals.metrics),
             ),
         )
-        return self._report(name, found, previous, state, observed.reading)
+        return self._report(
+            telemetry.PolicyLabels(namespace, name), found, previous, state, observed.reading
+        )
 
     async def _observe(
         self, namespace: str, name: str, policy: specs.BatchPolicySpec, state: PolicyMemory
@@ -314,7 +321,7 @@ class Reconciler:
 
     def _report(
         self,
-        name: str,
+        policy: telemetry.PolicyLabels,
         found: reporting.Findings,
         previous: statuses.BatchPolicyStatus,
         state: PolicyMemory,
@@ -323,7 +330,7 @@ class Reconciler:
         if found.policy is not None and found.decision is not None:
             telemetry.record_decision(
                 self.metrics,
-                name,
+                policy,
                 found.policy,
                 found.decision,
                 signals=reading.signals.metrics if reading else {},
@@ -331,7 +338,7 @@ class Reconciler:
                 lead_seconds=found.lead.lead.total_seconds() if found.lead else None,
             )
         if found.result is not None and not found.result.dry_run:
-            telemetry.record_rollout(self.metrics, name, found.result)
+            telemetry.record_rollout(self.metrics, policy, found.result)
         return Reconciled(
             at=found.now,
             status=reporting.status(found, previous),

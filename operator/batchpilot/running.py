@@ -73,12 +73,15 @@ class Runner:
         name: str,
         spec: specs.BatchPolicySpec,
         triton_servers: Sequence[servers.TritonServer],
+        namespace: str = "",
         source: sources.SignalSource,
         metrics: telemetry.ControllerMetrics,
         clock: Callable[[], datetime.datetime] = utc_now,
         model_repository: Path | None = None,
     ) -> None:
         self.name = name
+        self.namespace = namespace
+        """Only a label of the runner's series (the policy document's metadata.namespace)."""
         self.spec = spec
         self.servers = list(triton_servers)
         self.metrics = metrics
@@ -101,11 +104,13 @@ class Runner:
         self.state = reconciling.PolicyMemory()
         self.status: dict[str, Any] = {}
         """The status the operator would write for this policy, as of the last tick."""
-        telemetry.count_from_zero(metrics, name, profiles=spec.profiles)
+        telemetry.count_from_zero(
+            metrics, telemetry.PolicyLabels(namespace, name), profiles=spec.profiles
+        )
 
     async def tick(self) -> TickReport:
         report = await self.engine.reconcile(
-            namespace="",
+            namespace=self.namespace,
             name=self.name,
             spec=self.spec,
             status=self.status,
@@ -159,6 +164,7 @@ async def run_standalone(
     name: str,
     spec: specs.BatchPolicySpec,
     triton_urls: Sequence[str],
+    namespace: str = "",
     metrics_urls: Sequence[str],
     interval: float,
     listen: tuple[str, int] | None,
@@ -189,6 +195,7 @@ async def run_standalone(
         signals_from = "Triton metrics"
     runner = Runner(
         name=name,
+        namespace=namespace,
         spec=spec,
         triton_servers=triton_servers,
         source=source,
@@ -210,7 +217,7 @@ async def run_standalone(
 
     logger.info(
         "running policy %s against %s; signals from %s; every %gs",
-        name,
+        telemetry.PolicyLabels(namespace, name),
         ", ".join(server.url for server in triton_servers),
         signals_from,
         interval,

@@ -37,6 +37,20 @@ class Alert:
 
 
 _ACTIVE = f"{telemetry.ACTIVE_PROFILE} == 1"
+_BY = queries.POLICY_LABELS
+_POLICY = (
+    f"{{{{ with $labels.{telemetry.POLICY_NAMESPACE} }}}}{{{{ . }}}}/{{{{ end }}}}"
+    f"{{{{ $labels.{telemetry.POLICY} }}}}"
+)
+"""The policy an alert is about, as namespace/name (a standalone runner's may lack the first)."""
+# Go template pieces the texts below share (Prometheus and Grafana both render them).
+_PROFILE = "{{ $labels.profile }}"
+_REASON = "{{ $labels.reason }}"
+_STATE = "{{ $labels.state }}"
+_VALUE = "{{ $value }}"
+_VALUE_HUMANIZED = "{{ $value | humanize }}"
+_DESCRIBE = f"`kubectl -n <{telemetry.POLICY_NAMESPACE}> describe bp <policy>`"
+_EVENTS = f"`kubectl -n <{telemetry.POLICY_NAMESPACE}> get events --field-selector"
 _THROUGHPUT: specs.ProfileRole = "throughput"
 _SIGNALS_MISSING = f"{telemetry.SIGNALS_UNAVAILABLE} == 1"
 
@@ -49,22 +63,22 @@ ALERTS: tuple[Alert, ...] = (
         # lost the lead still reports another).
         expr=(
             f"(\n  {queries.by_policy(queries.signal('p95LatencyMs'))} / 1000\n"
-            f"  > on (namespace, policy) {queries.by_policy(telemetry.SLO_P95_LATENCY)}\n"
-            f"  unless on (namespace, policy) {queries.by_policy(_SIGNALS_MISSING)}\n)\n"
-            f"* on (namespace, policy) group_left (profile) topk by (namespace, policy) (\n"
-            f"  1, max by (namespace, policy, profile) ({_ACTIVE})\n)"
+            f"  > on ({_BY}) {queries.by_policy(telemetry.SLO_P95_LATENCY)}\n"
+            f"  unless on ({_BY}) {queries.by_policy(_SIGNALS_MISSING)}\n)\n"
+            f"* on ({_BY}) group_left (profile) topk by ({_BY}) (\n"
+            f"  1, max by ({_BY}, profile) ({_ACTIVE})\n)"
         ),
         for_="10m",
         severity="critical",
-        summary="{{ $labels.policy }} misses its p95 latency objective in {{ $labels.profile }}",
+        summary=f"{_POLICY} misses its p95 latency objective in {_PROFILE}",
         description=(
-            "The fleet of policy {{ $labels.policy }} has answered with a p95 latency of "
+            f"The fleet of policy {_POLICY} has answered with a p95 latency of "
             "{{ $value | humanizeDuration }} for 10 minutes, above spec.slo.p95LatencyMs, while "
             "{{ $labels.profile }} (a profile the objective governs, typically interactive) is "
             "in force."
         ),
         runbook=(
-            "`kubectl describe bp <policy>`: status.reason says why the profile is in force; a "
+            f"{_DESCRIBE}: status.reason says why the profile is in force; a "
             "True SignalsUnavailable condition puts the latency reading itself in doubt.",
             "On the dashboard, compare the queue delay in force with the measured queue wait "
             "and the request rate. With slo.autotune the delay follows the sidecar's "
@@ -80,17 +94,17 @@ ALERTS: tuple[Alert, ...] = (
         name="BatchpilotApplyFailures",
         panel="Apply latency",
         # Controllers export these counters from zero, so `increase` sees the first failure.
-        expr=f"sum by (namespace, policy, reason) (increase({telemetry.APPLY_ERRORS}[15m])) > 0",
+        expr=f"sum by ({_BY}, reason) (increase({telemetry.APPLY_ERRORS}[15m])) > 0",
         for_=None,
         severity="warning",
-        summary="Applying a profile of {{ $labels.policy }} failed ({{ $labels.reason }})",
+        summary=f"Applying a profile of {_POLICY} failed ({_REASON})",
         description=(
-            "batchpilot failed to apply a profile of policy {{ $labels.policy }} to a Triton "
+            f"batchpilot failed to apply a profile of policy {_POLICY} to a Triton "
             "server in the last 15 minutes (reason {{ $labels.reason }}). A configuration "
             "Triton rejects is rolled back to the previous one, so the server keeps serving."
         ),
         runbook=(
-            "`kubectl get events --field-selector reason=ApplyFailed` (and reason=RolledBack) "
+            f"{_EVENTS} reason=ApplyFailed` (and reason=RolledBack) "
             "names the pod and quotes Triton's error.",
             "explicit_mode_required: start tritonserver with --model-control-mode=explicit. "
             "refused: the profile asks for more than the model allows (a maxBatchSize above "
@@ -104,19 +118,19 @@ ALERTS: tuple[Alert, ...] = (
     Alert(
         name="BatchpilotDrainIneffective",
         panel="p95 latency against the objective",
-        expr=(f"sum by (namespace, policy) (increase({telemetry.DRAINS_INEFFECTIVE}[1h])) > 0"),
+        expr=f"sum by ({_BY}) (increase({telemetry.DRAINS_INEFFECTIVE}[1h])) > 0",
         for_=None,
         severity="warning",
-        summary="{{ $labels.policy }}: Pods kept receiving requests while drained",
+        summary=f"{_POLICY}: Pods kept receiving requests while drained",
         description=(
-            "In the last hour a Pod of policy {{ $labels.policy }} kept receiving requests "
+            f"In the last hour a Pod of policy {_POLICY} kept receiving requests "
             "after the readiness gate took it out of its Services, so the reload stalled those "
             "requests (the drain waited rollout.drainTimeoutSeconds, then reloaded). Its "
             "clients hold connections to the Pod (HTTP keep-alive, gRPC channels) rather than "
             "following the Service's endpoints."
         ),
         runbook=(
-            "`kubectl get events --field-selector reason=DrainIneffective` names the Pods and "
+            f"{_EVENTS} reason=DrainIneffective` names the Pods and "
             "how many requests arrived; the policy's DrainIneffective condition says the same.",
             "Clients inside the cluster: make them follow endpoints (an endpoint-aware client, "
             "a service mesh, gRPC with xDS or a headless Service and client-side balancing), or "
@@ -129,16 +143,16 @@ ALERTS: tuple[Alert, ...] = (
     Alert(
         name="BatchpilotProfileFlapping",
         panel="Profile switches",
-        expr=f"sum by (namespace, policy) (increase({telemetry.PROFILE_SWITCHES}[1h])) > 6",
+        expr=f"sum by ({_BY}) (increase({telemetry.PROFILE_SWITCHES}[1h])) > 6",
         for_=None,
         severity="warning",
-        summary="{{ $labels.policy }} switched profiles {{ $value | humanize }} times in an hour",
+        summary=f"{_POLICY} switched profiles {_VALUE_HUMANIZED} times in an hour",
         description=(
-            "Policy {{ $labels.policy }} switched profiles more than 6 times in the last hour. "
+            f"Policy {_POLICY} switched profiles more than 6 times in the last hour. "
             "Every switch reloads the model on every replica, which drains or stalls it."
         ),
         runbook=(
-            "The ProfileSwitched events (`kubectl get events --field-selector "
+            f"The ProfileSwitched events ({_EVENTS} "
             "reason=ProfileSwitched`) show which rule keeps flipping.",
             "For a load rule, widen its hysteresis (a `below` well under `above`) and lengthen "
             "its `for`.",
@@ -149,19 +163,16 @@ ALERTS: tuple[Alert, ...] = (
     Alert(
         name="BatchpilotTargetsFailed",
         panel="Targets",
-        expr=(
-            "max by (namespace, policy, state) "
-            f'({telemetry.TARGETS}{{state=~"failed|unreachable"}}) > 0'
-        ),
+        expr=(f'max by ({_BY}, state) ({telemetry.TARGETS}{{state=~"failed|unreachable"}}) > 0'),
         for_="5m",
         severity="warning",
-        summary="{{ $value }} targets of {{ $labels.policy }} are {{ $labels.state }}",
+        summary=f"{_VALUE} targets of {_POLICY} are {_STATE}",
         description=(
-            "{{ $value }} Triton servers governed by policy {{ $labels.policy }} have been "
+            f"{_VALUE} Triton servers governed by policy {_POLICY} have been "
             "{{ $labels.state }} for 5 minutes and do not run the decided profile."
         ),
         runbook=(
-            "`kubectl describe bp <policy>`: the Degraded condition and status.targets name "
+            f"{_DESCRIBE}: the Degraded condition and status.targets name "
             "each failing pod and its error.",
             "unreachable: is the pod Running with an IP, and does Triton answer on the target "
             "port (`curl http://<pod-ip>:8000/v2/health/ready`)? NetworkPolicies must let the "
@@ -172,19 +183,19 @@ ALERTS: tuple[Alert, ...] = (
     Alert(
         name="BatchpilotTargetsDrifted",
         panel="Targets",
-        expr=f'max by (namespace, policy) ({telemetry.TARGETS}{{state="pending"}}) > 0',
+        expr=f'max by ({_BY}) ({telemetry.TARGETS}{{state="pending"}}) > 0',
         for_="15m",
         severity="warning",
-        summary="{{ $value }} targets of {{ $labels.policy }} lag behind the decided profile",
+        summary=f"{_VALUE} targets of {_POLICY} lag behind the decided profile",
         description=(
-            "{{ $value }} Triton servers of policy {{ $labels.policy }} have not run the decided "
+            f"{_VALUE} Triton servers of policy {_POLICY} have not run the decided "
             "profile for 15 minutes: the rollout halted after rollout.maxUnavailable failures "
             "and left them on their previous configuration."
         ),
         runbook=(
             "Fix the failing targets first (BatchpilotTargetsFailed): a rollout stops once "
             "maxUnavailable replicas fail, and goes on at the next tick after they recover.",
-            "`kubectl describe bp <policy>`: the Progressing condition says RolloutPending and "
+            f"{_DESCRIBE}: the Progressing condition says RolloutPending and "
             "status.targets lists the pending pods.",
         ),
     ),
@@ -216,15 +227,15 @@ ALERTS: tuple[Alert, ...] = (
         expr=queries.by_policy(_SIGNALS_MISSING),
         for_="10m",
         severity="warning",
-        summary="{{ $labels.policy }} decides without its load signals",
+        summary=f"{_POLICY} decides without its load signals",
         description=(
-            "For 10 minutes the decisions of policy {{ $labels.policy }} have lacked a load "
+            f"For 10 minutes the decisions of policy {_POLICY} have lacked a load "
             "signal its rules need: the sidecars or Prometheus did not answer, or did not "
             "measure it. Load rules keep their last state for a grace period, then the "
             "schedule decides; SLO autotune keeps the last tuned delay."
         ),
         runbook=(
-            "`kubectl describe bp <policy>`: the SignalsUnavailable condition lists each "
+            f"{_DESCRIBE}: the SignalsUnavailable condition lists each "
             "problem (which sidecar, which query).",
             "spec.load.source sidecar: is the sidecar container running, and does "
             "`curl http://<pod-ip>:9400/status` answer? It reports the health of each of its "
@@ -243,19 +254,19 @@ ALERTS: tuple[Alert, ...] = (
         # gives it the throughput role.
         expr=(
             f"(\n  {queries.by_policy(queries.signal('gpuUtilization'))} < 30\n)\n"
-            f"* on (namespace, policy) group_left (profile) (\n"
-            f"  topk by (namespace, policy) (1, max by (namespace, policy, profile) ({_ACTIVE}))\n"
-            f"  and on (namespace, policy, profile)\n"
+            f"* on ({_BY}) group_left (profile) (\n"
+            f"  topk by ({_BY}) (1, max by ({_BY}, profile) ({_ACTIVE}))\n"
+            f"  and on ({_BY}, profile)\n"
             f'  {telemetry.PROFILE_ROLE}{{role="{_THROUGHPUT}"}} == 1\n)'
         ),
         for_="30m",
         severity="info",
         summary=(
-            "{{ $labels.policy }} runs its throughput profile {{ $labels.profile }} with its "
+            f"{_POLICY} runs its throughput profile {_PROFILE} with its "
             "GPUs {{ $value | humanize }}% busy"
         ),
         description=(
-            "Policy {{ $labels.policy }} has been in {{ $labels.profile }}, a profile whose role "
+            f"Policy {_POLICY} has been in {_PROFILE}, a profile whose role "
             "is throughput, for 30 minutes while its GPUs were less than 30% busy: requests wait "
             "for big batches the load does not fill, paying latency for efficiency nobody needs."
         ),

@@ -32,19 +32,25 @@ class Panel:
     kind: Literal["timeseries", "state-timeline"] = "timeseries"
 
 
-POLICY = 'policy=~"$policy"'
+# One namespace variable serves both kinds of series: a policy governs the Triton Pods of its own
+# namespace, which the operator's series name by policy_namespace and the sidecars' series, as
+# scraped from those Pods, by namespace.
+POLICY = f'{telemetry.POLICY_NAMESPACE}=~"$namespace", {telemetry.POLICY}=~"$policy"'
+BY_POLICY = f"{telemetry.POLICY_NAMESPACE}, {telemetry.POLICY}"
+NAMED = f"{{{{{telemetry.POLICY_NAMESPACE}}}}}/{{{{{telemetry.POLICY}}}}}"
+"""A policy in a legend: namespace/name."""
 TRITON = 'namespace=~"$namespace", model=~"$model"'
 GPU = 'namespace=~"$namespace"'
 
 PANELS: tuple[Panel, ...] = (
     Panel(
         title="Active profile",
-        description="The profile in force for each policy, over time.",
+        description="The profile in force for each policy (namespace/name), over time.",
         kind="state-timeline",
         queries=(
             Query(
-                f"max by (policy, profile) ({telemetry.ACTIVE_PROFILE}{{{POLICY}}})",
-                "{{policy}} {{profile}}",
+                f"max by ({BY_POLICY}, profile) ({telemetry.ACTIVE_PROFILE}{{{POLICY}}})",
+                f"{NAMED} {{{{profile}}}}",
             ),
         ),
         unit="short",
@@ -61,8 +67,14 @@ PANELS: tuple[Panel, ...] = (
                 f'({queries.sidecar("request_latency_seconds")}{{quantile="0.95", {TRITON}}})',
                 "{{pod}} {{model}}",
             ),
-            Query(f"{queries.signal('p95LatencyMs', POLICY)} / 1000", "{{policy}} fleet"),
-            Query(f"{telemetry.SLO_P95_LATENCY}{{{POLICY}}}", "{{policy}} objective"),
+            Query(
+                f"max by ({BY_POLICY}) ({queries.signal('p95LatencyMs', POLICY)}) / 1000",
+                f"{NAMED} fleet",
+            ),
+            Query(
+                f"max by ({BY_POLICY}) ({telemetry.SLO_P95_LATENCY}{{{POLICY}}})",
+                f"{NAMED} objective",
+            ),
         ),
         unit="s",
     ),
@@ -98,7 +110,10 @@ PANELS: tuple[Panel, ...] = (
             "the time requests really waited in Triton's queue (sidecar)."
         ),
         queries=(
-            Query(f"{telemetry.QUEUE_DELAY}{{{POLICY}}}", "{{policy}} max queue delay"),
+            Query(
+                f"max by ({BY_POLICY}) ({telemetry.QUEUE_DELAY}{{{POLICY}}})",
+                f"{NAMED} max queue delay",
+            ),
             Query(
                 f"1e6 * avg by (namespace, model) "
                 f"({queries.sidecar('queue_seconds_per_request')}{{{TRITON}}})",
@@ -141,9 +156,9 @@ PANELS: tuple[Panel, ...] = (
         description="Switches decided, by the profile switched to.",
         queries=(
             Query(
-                f"sum by (policy, profile) "
+                f"sum by ({BY_POLICY}, profile) "
                 f"(increase({telemetry.PROFILE_SWITCHES}{{{POLICY}}}[$__rate_interval]))",
-                "{{policy}} to {{profile}}",
+                f"{NAMED} to {{{{profile}}}}",
             ),
         ),
         unit="short",
@@ -153,15 +168,15 @@ PANELS: tuple[Panel, ...] = (
         description="Time to apply a profile to one model on one server (reloads only).",
         queries=(
             Query(
-                f"histogram_quantile(0.95, sum by (policy, le) "
+                f"histogram_quantile(0.95, sum by ({BY_POLICY}, le) "
                 f"(rate({telemetry.APPLY_DURATION}_bucket{{{POLICY}}}[$__rate_interval])))",
-                "{{policy}} p95",
+                f"{NAMED} p95",
             ),
             Query(
-                f"sum by (policy) (rate({telemetry.APPLY_DURATION}_sum{{{POLICY}}}"
-                f"[$__rate_interval]))\n/ sum by (policy) "
+                f"sum by ({BY_POLICY}) (rate({telemetry.APPLY_DURATION}_sum{{{POLICY}}}"
+                f"[$__rate_interval]))\n/ sum by ({BY_POLICY}) "
                 f"(rate({telemetry.APPLY_DURATION}_count{{{POLICY}}}[$__rate_interval]))",
-                "{{policy}} mean",
+                f"{NAMED} mean",
             ),
         ),
         unit="s",
@@ -171,8 +186,8 @@ PANELS: tuple[Panel, ...] = (
         description="Governed Triton servers by state (updated, pending, failed, unreachable).",
         queries=(
             Query(
-                f"max by (policy, state) ({telemetry.TARGETS}{{{POLICY}}})",
-                "{{policy}} {{state}}",
+                f"max by ({BY_POLICY}, state) ({telemetry.TARGETS}{{{POLICY}}})",
+                f"{NAMED} {{{{state}}}}",
             ),
         ),
         unit="short",
@@ -256,8 +271,8 @@ def _panel_json(panel: Panel, index: int) -> dict[str, Any]:
 
 
 def dashboard() -> dict[str, Any]:
-    """The Grafana dashboard (JSON model), with data source, policy, namespace and model
-    variables."""
+    """The Grafana dashboard (JSON model), with data source, namespace, policy and model
+    variables: the policies and models on offer are those of the namespaces chosen."""
     requests = queries.sidecar("requests_per_second")
     return {
         "uid": DASHBOARD_UID,
@@ -282,8 +297,17 @@ def dashboard() -> dict[str, Any]:
                     "current": {},
                     "hide": 0,
                 },
-                _variable("policy", "Policy", f"label_values({telemetry.ACTIVE_PROFILE}, policy)"),
-                _variable("namespace", "Namespace", f"label_values({requests}, namespace)"),
+                _variable(
+                    "namespace",
+                    "Namespace",
+                    f"label_values({telemetry.ACTIVE_PROFILE}, {telemetry.POLICY_NAMESPACE})",
+                ),
+                _variable(
+                    "policy",
+                    "Policy",
+                    f"label_values({telemetry.ACTIVE_PROFILE}"
+                    f'{{{telemetry.POLICY_NAMESPACE}=~"$namespace"}}, {telemetry.POLICY})',
+                ),
                 _variable(
                     "model", "Model", f'label_values({requests}{{namespace=~"$namespace"}}, model)'
                 ),

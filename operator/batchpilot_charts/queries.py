@@ -27,7 +27,12 @@ def sidecar(name: str) -> str:
     return sidecar_telemetry.exported_name(sidecar_telemetry.FAMILIES[name])
 
 
+POLICY_LABELS = f"namespace, {telemetry.POLICY_NAMESPACE}, {telemetry.POLICY}"
+"""What names a policy in rules: the scrape's namespace (the operator's own), the policy's
+namespace and its name. Two policies of one name in two namespaces are two policies."""
+
+
 def by_policy(selector: str) -> str:
     # The operator's series carry the scrape labels of its pod, and replicas report the same
-    # policies: rules aggregate the pods away and keep the namespace and the policy.
-    return f"max by (namespace, policy) ({selector})"
+    # policies: rules aggregate the pods away and keep what names the policy.
+    return f"max by ({POLICY_LABELS}) ({selector})"

@@ -334,6 +334,12 @@ async def test_grafana_loads_the_dashboard_and_every_panel_query_returns_data_th
         # The data went through Grafana's Prometheus backend and tells what happened.
         in_force = {frame_labels(frame)["profile"] for frame in results["Active profile"][0]}
         assert in_force == {"interactive", "bulk"}
+        # Each policy is named by its namespace too (the runner's: its document's).
+        named = {
+            (labels.get("policy_namespace"), labels.get("policy"))
+            for labels in map(frame_labels, results["Active profile"][0])
+        }
+        assert named == {(monitored_stacks.NAMESPACE, "desk")}
 
         statuses = rule_statuses(grafana)
         assert set(statuses) == {alert.name for alert in alerts.ALERTS}
@@ -422,6 +428,7 @@ apiVersion: batchpilot.dev/v1alpha1
 kind: BatchPolicy
 metadata:
   name: desk
+  namespace: {monitored_stacks.NAMESPACE}
 spec:
   target:
     selector: {{matchLabels: {{app: triton}}}}

@@ -7,6 +7,7 @@ import functools
 from pathlib import Path
 
 import pytest
+from prometheus_client import parser
 
 from batchpilot import running, telemetry
 from batchpilot.applying import backoffs
@@ -103,7 +104,8 @@ async def test_one_unreachable_server_backs_off_and_does_not_hold_up_the_others(
     assert second.outcomes[0].message == first.outcomes[0].message, "reported the same"
     assert await served_profile(live.http_url) == "bulk"
     errors = runner.metrics.registry.get_sample_value(
-        "batchpilot_apply_errors_total", {"policy": "test", "reason": "unreachable"}
+        "batchpilot_apply_errors_total",
+        {"policy_namespace": "", "policy": "test", "reason": "unreachable"},
     )
     assert errors == 1, "a server left alone while it backs off is not counted again"
     await runner.close()
@@ -128,7 +130,8 @@ def test_run_command_applies_serves_metrics_and_stops_on_sigterm(
 ) -> None:
     server = triton_server(demo_models.GPU_SIM)
     runner = run_command_until(
-        "apiVersion: batchpilot.dev/v1alpha1\nkind: BatchPolicy\nmetadata: {name: cli}\n"
+        "apiVersion: batchpilot.dev/v1alpha1\nkind: BatchPolicy\n"
+        "metadata: {name: cli, namespace: serving}\n"
         "spec:\n  target: {selector: {matchLabels: {app: triton}}, models: [gpu_sim]}\n"
         "  profiles: {bulk: {maxQueueDelayMicroseconds: 20000, preferredBatchSizes: [32]}}\n"
         "  defaultProfile: bulk\n",
@@ -138,6 +141,14 @@ def test_run_command_applies_serves_metrics_and_stops_on_sigterm(
     )
     output, metrics = runner.output, runner.metrics
     assert runner.returncode == 0, output
-    assert 'batchpilot_active_profile{policy="cli",profile="bulk"} 1.0' in metrics
+    # The document's namespace names the policy on its series, as the operator's do.
+    active = {
+        (tuple(sorted(sample.labels.items())), sample.value)
+        for family in parser.text_string_to_metric_families(metrics)
+        for sample in family.samples
+        if sample.name == telemetry.ACTIVE_PROFILE
+    }
+    named = {"policy_namespace": "serving", "policy": "cli", "profile": "bulk"}
+    assert active == {(tuple(sorted(named.items())), 1.0)}
     assert "switch to bulk: defaultProfile (no schedule windows)" in output
     assert output.rstrip().endswith("stopped")

@@ -144,3 +144,21 @@ def test_chart_scrapes_with_the_jobs_the_alerts_expect() -> None:
     assert f"replacement: {queries.OPERATOR_JOB}" in service_monitor
     pod_monitor = (templates / "podmonitor-sidecars.yaml").read_text()
     assert f"replacement: {queries.SIDECAR_JOB}" in pod_monitor
+
+
+def test_rules_and_panels_over_policy_series_keep_the_policy_s_namespace() -> None:
+    """Aggregating policies by name alone would merge like-named policies of two namespaces."""
+    for alert in alerts.ALERTS:
+        if metric_names(alert.expr) & exported_names():
+            assert f"{telemetry.POLICY_NAMESPACE}, {telemetry.POLICY}" in alert.expr, alert.name
+            assert telemetry.POLICY_NAMESPACE in alert.summary, alert.name
+    operator_series = [
+        query
+        for panel in dashboards.PANELS
+        for query in panel.queries
+        if any(not name.startswith("batchpilot_sidecar_") for name in metric_names(query.expr))
+    ]
+    assert operator_series
+    for query in operator_series:
+        assert f'{telemetry.POLICY_NAMESPACE}=~"$namespace"' in query.expr, query.expr
+        assert telemetry.POLICY_NAMESPACE in query.legend, query.legend

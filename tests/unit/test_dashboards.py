@@ -66,7 +66,7 @@ def test_dashboard_panels_do_not_overlap_and_every_query_uses_the_chosen_source(
         for target in panel["targets"]:
             assert target["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
     variables = [variable["name"] for variable in dashboard()["templating"]["list"]]
-    assert variables == ["datasource", "policy", "namespace", "model"]
+    assert variables == ["datasource", "namespace", "policy", "model"]
 
 
 def test_dashboard_is_not_named_like_the_folder_of_the_alert_rules() -> None:

@@ -52,6 +52,13 @@ def test_every_sample_policy_is_valid(path: Path) -> None:
     assert spec.target.selector.match_labels == {"app.kubernetes.io/name": "triton"}
 
 
+def test_a_policy_document_s_namespace_is_read_for_the_runner_s_series() -> None:
+    sample = (MANIFESTS / "policies" / "slo-autotune.yaml").read_text()
+    assert documents.parse_yaml_policy(sample, default_name="x").namespace == ""
+    placed = sample.replace("metadata:\n", "metadata:\n  namespace: serving\n", 1)
+    assert documents.parse_yaml_policy(placed, default_name="x").namespace == "serving"
+
+
 def test_slo_sample_autotunes_interactive_only() -> None:
     spec = documents.parse_yaml_policy(
         (MANIFESTS / "policies" / "slo-autotune.yaml").read_text(), default_name="x"

@@ -335,3 +335,43 @@ def test_the_governors_index_keeps_each_policy_s_name_creation_time_and_selector
         namespace="ns", name="desk", spec=body.spec, meta=body.metadata
     )
     assert entry == {"ns": ("desk", "2026-01-01T00:00:00Z", {"matchLabels": {"app": "triton"}})}
+
+
+@pytest.mark.looptime
+async def test_a_policy_whose_loop_ended_exports_no_series() -> None:
+    """Its loop ends when the policy is deleted (or another replica takes it over): a series
+    left behind would keep an alert firing, or hide one, about a policy nobody governs."""
+    targets = [operator_fakes.target("triton-0")]
+    fleet = operator_fakes.FakeFleet({t.http_url: operator_fakes.FakeServer() for t in targets})
+    metrics = telemetry.controller_metrics()
+    engine = reconciling.Reconciler(
+        replicas=operator_fakes.FakePods(targets),
+        gates=operator_fakes.FakeGates(),
+        fleet=fleet,
+        signal_source=lambda namespace, policy, found: pytest.fail("no signal is wanted"),
+        metrics=metrics,
+        clock=lambda: START,
+        settle_seconds=0,
+    )
+    subject = dataclasses.replace(
+        controller(ScriptedReconciler(), Recorder()), reconciler=engine, metrics=metrics
+    )
+
+    def exported() -> dict[tuple[str, str], float]:
+        return {
+            (sample.name, sample.labels.get("profile", "")): sample.value
+            for family in metrics.registry.collect()
+            for sample in family.samples
+            if sample.labels.get("policy") == "fleet"
+        }
+
+    stopped = Stopped()
+    body = {"spec": spec_document(), "status": {}, "metadata": {"generation": 1}}
+    follow = asyncio.create_task(
+        subject.follow(namespace="ns", name="fleet", body=body, stopped=stopped)  # type: ignore[arg-type]
+    )
+    await asyncio.sleep(1)
+    assert exported()[(telemetry.ACTIVE_PROFILE, "bulk")] == 1
+    stopped.flag.set()
+    await asyncio.wait_for(follow, timeout=1)
+    assert exported() == {}

@@ -5,6 +5,8 @@ from __future__ import annotations
 from batchpilot import telemetry
 from builders import make_spec
 
+FLEET = telemetry.PolicyLabels("ns", "fleet")
+
 
 def test_the_profile_with_the_longest_queue_delay_is_the_throughput_profile() -> None:
     spec = make_spec()
@@ -39,9 +41,9 @@ def test_a_lone_profile_is_a_latency_profile() -> None:
 
 def test_roles_are_exported_one_series_per_profile_and_follow_an_edit() -> None:
     metrics = telemetry.controller_metrics()
-    telemetry.set_roles(metrics, "fleet", make_spec())
+    telemetry.set_roles(metrics, FLEET, make_spec())
     role = metrics.registry.get_sample_value
-    bulk = {"policy": "fleet", "profile": "bulk"}
+    bulk = {"policy_namespace": "ns", "policy": "fleet", "profile": "bulk"}
     assert role(telemetry.PROFILE_ROLE, {**bulk, "role": "throughput"})
     edited = make_spec(
         profiles={
@@ -49,6 +51,6 @@ def test_roles_are_exported_one_series_per_profile_and_follow_an_edit() -> None:
             "bulk": {"maxQueueDelayMicroseconds": 50000, "role": "latency"},
         }
     )
-    telemetry.set_roles(metrics, "fleet", edited)
+    telemetry.set_roles(metrics, FLEET, edited)
     assert role(telemetry.PROFILE_ROLE, {**bulk, "role": "latency"})
     assert role(telemetry.PROFILE_ROLE, {**bulk, "role": "throughput"}) is None

@@ -68,7 +68,9 @@ async def reconcile(
 
 
 def gauge(subject: reconciling.Reconciler, name: str) -> float | None:
-    return subject.metrics.registry.get_sample_value(name, {"policy": "fleet"})
+    return subject.metrics.registry.get_sample_value(
+        name, {"policy_namespace": "ns", "policy": "fleet"}
+    )
 
 
 def conditions(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
@@ -188,7 +190,7 @@ async def test_llm_engine_rules_show_in_the_status_and_their_signals_are_exporte
     assert outcome.status["reason"] == (
         "load rule #2 (waitingSequences > 16) holds: waitingSequences=30 (holds until < 4)"
     )
-    labels = {"policy": "fleet", "metric": "ttftP95Ms"}
+    labels = {"policy_namespace": "ns", "policy": "fleet", "metric": "ttftP95Ms"}
     assert subject.metrics.registry.get_sample_value("batchpilot_signal", labels) == 900
     assert conditions(outcome.status)["SignalsUnavailable"] == ("False", "SignalsAvailable")
 
@@ -210,9 +212,9 @@ async def test_counters_are_exported_from_zero_so_rates_see_the_first_event() ->
     await reconcile(subject, spec_document())
     registry = subject.metrics.registry
     for reason in telemetry.APPLY_ERRORS_BY:
-        labels = {"policy": "fleet", "reason": reason}
+        labels = {"policy_namespace": "ns", "policy": "fleet", "reason": reason}
         assert registry.get_sample_value("batchpilot_apply_errors_total", labels) == 0
-    labels = {"policy": "fleet", "profile": "interactive"}
+    labels = {"policy_namespace": "ns", "policy": "fleet", "profile": "interactive"}
     assert registry.get_sample_value("batchpilot_profile_switches_total", labels) == 0
 
 
@@ -400,7 +402,13 @@ async def test_a_policy_with_only_an_objective_still_reads_its_signals() -> None
     subject = reconciler(targets, fleet, signals=signals)
     await reconcile(subject, spec_document(slo={"p95LatencyMs": 50}))
     sample = subject.metrics.registry.get_sample_value
-    assert sample("batchpilot_signal", {"policy": "fleet", "metric": "p95LatencyMs"}) == 12.0
+    assert (
+        sample(
+            "batchpilot_signal",
+            {"policy_namespace": "ns", "policy": "fleet", "metric": "p95LatencyMs"},
+        )
+        == 12.0
+    )
 
 
 async def test_a_deleted_policy_opens_every_gate_it_left_closed_and_only_those() -> None:
@@ -492,3 +500,104 @@ async def test_a_deleted_policy_opens_no_gate_of_a_pod_an_older_policy_governs()
     assert await subject.release_pods("ns", spec_document(), name="new-desk") == []
     assert await subject.release_pods("ns", spec_document(), name="old-desk") == ["triton-0"]
     assert gates.changes == [("triton-0", True, "PolicyDeleted")]
+
+
+# The policy's series: named by namespace and name, and gone with what they were about ---------
+
+
+def series_of(subject: reconciling.Reconciler, namespace: str, name: str) -> dict[str, float]:
+    """Every sample the policy exports, as `name{other labels}` -> value."""
+    found = {}
+    for family in subject.metrics.registry.collect():
+        for sample in family.samples:
+            labels = dict(sample.labels)
+            if labels.pop("policy_namespace", None) != namespace:
+                continue
+            if labels.pop("policy", None) != name:
+                continue
+            others = ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
+            found[f"{sample.name}{{{others}}}"] = sample.value
+    return found
+
+
+@pytest.mark.looptime
+async def test_like_named_policies_of_two_namespaces_keep_separate_series() -> None:
+    """`prod` of team-b reports a healthy p95; were it written over team-a's `prod`, team-a's
+    breach would vanish from the page and its SLO alert with it."""
+    targets, fleet = two_servers()
+    readings = {
+        "team-a": FixedSignals({"p95LatencyMs": 400.0}),
+        "team-b": FixedSignals({"p95LatencyMs": 20.0}),
+    }
+    subject = reconciling.Reconciler(
+        replicas=FakePods(targets),
+        gates=FakeGates(),
+        fleet=fleet,
+        signal_source=lambda namespace, policy, found: readings[namespace],
+        metrics=telemetry.controller_metrics(),
+        clock=lambda: NOW,
+        settle_seconds=0,
+    )
+    spec = spec_document(slo={"p95LatencyMs": 50, "profiles": ["bulk"]})
+    for namespace in readings:
+        await subject.reconcile(
+            namespace=namespace,
+            name="prod",
+            spec=spec,
+            status={},
+            generation=1,
+            state=reconciling.PolicyMemory(),
+        )
+    team_a, team_b = series_of(subject, "team-a", "prod"), series_of(subject, "team-b", "prod")
+    assert team_a["batchpilot_signal{metric=p95LatencyMs}"] == 400.0
+    assert team_b["batchpilot_signal{metric=p95LatencyMs}"] == 20.0
+    assert team_a["batchpilot_slo_p95_latency_seconds{}"] == 0.05
+    assert team_a["batchpilot_active_profile{profile=bulk}"] == 1
+    assert team_b["batchpilot_active_profile{profile=bulk}"] == 1
+
+
+@pytest.mark.looptime
+async def test_a_deleted_policy_takes_its_series_with_it_and_its_namesake_keeps_its_own() -> None:
+    targets, fleet = two_servers()
+    subject = reconciler(targets, fleet, signals=FixedSignals({"p95LatencyMs": 30.0}))
+    spec = spec_document(slo={"p95LatencyMs": 50, "profiles": ["bulk"]})
+    for namespace in ("team-a", "team-b"):
+        await subject.reconcile(
+            namespace=namespace,
+            name="prod",
+            spec=spec,
+            status={},
+            generation=1,
+            state=reconciling.PolicyMemory(),
+        )
+    kept = series_of(subject, "team-b", "prod")
+    assert series_of(subject, "team-a", "prod")["batchpilot_signal{metric=p95LatencyMs}"] == 30
+    await subject.forget_policy("team-a", "prod")
+    assert series_of(subject, "team-a", "prod") == {}
+    assert series_of(subject, "team-b", "prod") == kept
+    assert subject.metrics.exported.keys() == {telemetry.PolicyLabels("team-b", "prod")}
+
+
+@pytest.mark.looptime
+async def test_series_of_a_profile_dropped_from_the_spec_or_a_signal_no_longer_read_leave() -> None:
+    targets, fleet = two_servers()
+    signals = FixedSignals({"queueDepth": 3.0, "p95LatencyMs": 12.0})
+    subject = reconciler(targets, fleet, signals=signals)
+    profiles = spec_document()["profiles"]
+    with_overnight = spec_document(
+        profiles={**profiles, "overnight": {"maxQueueDelayMicroseconds": 90000}},
+        load={"rules": [{"profile": "interactive", "metric": "queueDepth", "above": 100}]},
+    )
+    state = reconciling.PolicyMemory()
+    await reconcile(subject, with_overnight, state=state)
+    before = series_of(subject, "ns", "fleet")
+    assert before["batchpilot_active_profile{profile=overnight}"] == 0
+    assert before["batchpilot_signal{metric=queueDepth}"] == 3.0
+
+    # The profile is edited away, and with the load rules gone no signal is read.
+    await reconcile(subject, spec_document(), state=state)
+    after = series_of(subject, "ns", "fleet")
+    assert [series for series in after if "overnight" in series] == []
+    assert [series for series in after if series.startswith("batchpilot_signal{")] == []
+    assert after["batchpilot_active_profile{profile=bulk}"] == 1
+    assert after["batchpilot_profile_switches_total{profile=interactive}"] == 0

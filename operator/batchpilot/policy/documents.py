@@ -87,10 +87,13 @@ def parse_document(document: Any) -> specs.BatchPolicySpec:
 class NamedPolicy:
     name: str
     spec: specs.BatchPolicySpec
+    namespace: str = ""
+    """metadata.namespace, if the document says; the runner labels its series with it."""
 
 
 def parse_yaml_policy(text: str, *, default_name: str) -> NamedPolicy:
-    """A policy from YAML (or JSON) text holding exactly one; its name is metadata.name."""
+    """A policy from YAML (or JSON) text holding exactly one; its name is metadata.name, its
+    namespace metadata.namespace."""
     try:
         documents = [doc for doc in yaml.safe_load_all(text) if doc is not None]
     except yaml.YAMLError as error:
@@ -101,7 +104,8 @@ def parse_yaml_policy(text: str, *, default_name: str) -> NamedPolicy:
     spec = parse_document(document)
     metadata = document.get("metadata") if isinstance(document, dict) else None
     name = metadata.get("name") if isinstance(metadata, dict) else None
-    return NamedPolicy(name=str(name or default_name), spec=spec)
+    namespace = metadata.get("namespace") if isinstance(metadata, dict) else None
+    return NamedPolicy(name=str(name or default_name), spec=spec, namespace=str(namespace or ""))
 
 
 def parse_yaml(text: str) -> specs.BatchPolicySpec:
