@@ -41,6 +41,7 @@ class TritonFactory:
         explicit: bool = True,
         model_repository: Path = demo_models.MODEL_REPOSITORY,
         ready_timeout: float = 60.0,
+        repository_credential: tuple[str, str] | None = None,
     ) -> local_triton.LocalTriton:
         server = local_triton.LocalTriton(
             model_repository=model_repository,
@@ -48,6 +49,7 @@ class TritonFactory:
             explicit_model_control=explicit,
             exit_timeout_seconds=1,
             run_directory=self._run_root / f"server-{len(self._servers)}",
+            repository_credential=repository_credential,
         )
         self._servers.append(server)
         _running.append(server)

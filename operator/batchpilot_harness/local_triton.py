@@ -300,6 +300,7 @@ class LocalTriton:
         run_directory: Path | None = None,
         log_to_console: bool = False,
         extra_arguments: Sequence[str] = (),
+        repository_credential: tuple[str, str] | None = None,
         environment: Mapping[str, str] | None = None,
         distribution: TritonDistribution | None = None,
         interpreter: Path | None = None,
@@ -312,6 +313,9 @@ class LocalTriton:
         self.explicit_model_control = explicit_model_control
         self.exit_timeout_seconds = exit_timeout_seconds
         self.extra_arguments = tuple(extra_arguments)
+        self.repository_credential = repository_credential
+        """(header, value): the model-repository API (HTTP and gRPC) refuses calls without it,
+        as the manifests' Triton does; inference stays open."""
         self.environment = dict(environment or {})
         """Variables set for the server on top of ours (CUDA_VISIBLE_DEVICES, for one)."""
         self.interpreter = interpreter
@@ -423,7 +427,11 @@ class LocalTriton:
                 f"--model-repository={self._repository_view()}",
                 "--model-control-mode=none",
             ]
-        return [*command, *self.extra_arguments]
+        return [
+            *command,
+            *restricted_repository_arguments(self.repository_credential),
+            *self.extra_arguments,
+        ]
 
     def _repository_view(self) -> Path:
         """What a non-explicit server loads entirely: the chosen models, or the whole repository."""
@@ -702,6 +710,18 @@ def _parser() -> argparse.ArgumentParser:
         "and the log goes to this process's stdout",
     )
     return parser
+
+
+def restricted_repository_arguments(credential: tuple[str, str] | None) -> list[str]:
+    """tritonserver's flags that lock its model-repository API to a header (none for None).
+    Triton 2.51 takes `<category>:<header>=<value>` (a comma there is refused at start-up)."""
+    if credential is None:
+        return []
+    header, value = credential
+    return [
+        f"--http-restricted-api=model-repository:{header}={value}",
+        f"--grpc-restricted-protocol=model-repository:{header}={value}",
+    ]
 
 
 def grpc_age_arguments(milliseconds: int | None) -> list[str]:

@@ -46,6 +46,7 @@ ApplyError = Literal[
     "rollback_failed",
     "explicit_mode_required",
     "model_unavailable",
+    "credential_refused",
     "failed",
 ]
 """Why applying to a replica failed: the `reason` label of `batchpilot_apply_errors_total`."""
@@ -64,6 +65,8 @@ def error_of(failure: Exception) -> ApplyError:
         return "explicit_mode_required"
     if isinstance(failure, servers.ModelUnavailable):
         return "model_unavailable"
+    if isinstance(failure, servers.RepositoryLocked):
+        return "credential_refused"
     return "failed"
 
 
@@ -270,7 +273,11 @@ def _out_of_service(replica: Replica) -> bool:
 
 def _left_out(outcome: Outcome) -> bool:
     """A gated replica this pass took out of its Services and did not bring back."""
-    reopened = outcome.state == "Updated" or outcome.error in ("refused", "rejected")
+    reopened = outcome.state == "Updated" or outcome.error in (
+        "refused",
+        "rejected",
+        "credential_refused",
+    )
     return outcome.replica.gated and not reopened
 
 
@@ -406,9 +413,12 @@ async def _switch(
                 )
     except (overrides.ProfileRefused, servers.TritonError) as failure:
         outcome = dataclasses.replace(_failed(replica, failure, applied), drain=drain)
-        if replica.gated and outcome.error in ("refused", "rejected"):
-            # The previous configuration serves: the Pod can take requests again.
-            reason = "Refused" if outcome.error == "refused" else "RolledBack"
+        if replica.gated and outcome.error in ("refused", "rejected", "credential_refused"):
+            # The previous configuration serves (a refused credential changed nothing): the
+            # Pod can take requests again.
+            reason = {"refused": "Refused", "rejected": "RolledBack"}.get(
+                outcome.error, "CredentialRefused"
+            )
             await _open_gate(replica, plan, gates, reason=reason)
         return outcome
     if replica.gated:
