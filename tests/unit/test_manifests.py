@@ -159,3 +159,35 @@ def test_triton_example_is_governable() -> None:
     }
     (service,) = kinds["Service"]
     assert service["spec"]["selector"] == {"app.kubernetes.io/name": "triton"}
+
+
+def test_triton_example_locks_its_model_repository_api_to_the_policies_credential() -> None:
+    (deployment,) = by_kind(MANIFESTS / "triton-deployment.yaml")["Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    (triton,) = [c for c in pod["containers"] if c["name"] == "triton"]
+    (token,) = [variable for variable in triton["env"] if "valueFrom" in variable]
+    reference = token["valueFrom"]["secretKeyRef"]
+    for path in SAMPLES:
+        credential = documents.parse_yaml_policy(path.read_text(), default_name="x").spec.target
+        assert credential.repository_credential is not None, path
+        named = credential.repository_credential
+        assert (named.secret_name, named.key) == (reference["name"], reference["key"]), path
+        value = f"{named.header}=$({token['name']})"
+        # HTTP and gRPC alike: either would otherwise load a model with its own model.py.
+        assert f"--http-restricted-api=model-repository:{value}" in triton["args"]
+        assert f"--grpc-restricted-protocol=model-repository:{value}" in triton["args"]
+    assert pod["automountServiceAccountToken"] is False
+
+
+@pytest.mark.parametrize("container", ["triton", "batchpilot-sidecar"])
+def test_triton_example_containers_run_restricted(container: str) -> None:
+    (deployment,) = by_kind(MANIFESTS / "triton-deployment.yaml")["Deployment"]
+    (found,) = [
+        c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == container
+    ]
+    security = found["securityContext"]
+    assert security["runAsNonRoot"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
