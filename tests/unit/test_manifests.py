@@ -123,7 +123,10 @@ def test_rbac_manifest_is_the_install_s_rbac() -> None:
         "create",
     }
     assert [key for key, granted in verbs.items() if "create" in granted] == [("", "events")]
-    assert ("", "secrets") not in verbs
+    # Secrets: only `get`, only the credential Secrets by name, never list or watch.
+    (secrets,) = [rule for rule in role["rules"] if "secrets" in rule["resources"]]
+    assert secrets["verbs"] == ["get"]
+    assert secrets["resourceNames"] == ["triton-repository-credential"]
 
 
 def test_triton_example_is_governable() -> None:
