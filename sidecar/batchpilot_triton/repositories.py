@@ -9,6 +9,11 @@ the sidecar's answer carries `RepositoryArguments` as JSON.
 
 A model name becomes a path, so it is checked first: a directory name as Triton names models,
 never `.`, `..` or anything with a separator, and the file read must lie inside the repository.
+
+A `model.json` may carry credentials (`hf_token`, an API key). The sidecar never serves them:
+anything that reaches its port could read them. It names what it withheld, and the operator then
+refuses the profile: the `model.json` it would write back through Triton's load request would lack
+them. Engines should take credentials from their environment (e.g. `HF_TOKEN`) instead.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ MAX_NUM_BATCHED_TOKENS = 1_048_576
 """The most `max_num_seqs` and `max_num_batched_tokens` batchpilot sets: the CRD's bounds
 (`specs.LlmEngine`) and the sidecar's recommendation's."""
 MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+CREDENTIAL_NAME = re.compile(r"token|secret|passw|credential|api_?key|auth", re.IGNORECASE)
+"""An engine argument whose name says it is a credential; its string values are never served."""
 """A model name as a directory of the repository: no separators, not `.` or `..`."""
 
 
@@ -48,9 +55,12 @@ class RepositoryArguments:
     version: str
     """The version directory that holds `model.json`."""
     arguments: dict[str, Any]
+    withheld: tuple[str, ...] = ()
+    """The credentials left out of `arguments`, by their paths (`hf_token`, `a.api_key`)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"version": self.version, "arguments": self.arguments}
+        document = {"version": self.version, "arguments": self.arguments}
+        return {**document, "withheld": list(self.withheld)} if self.withheld else document
 
     @classmethod
     def from_json(cls, document: object) -> RepositoryArguments:
@@ -62,7 +72,34 @@ class RepositoryArguments:
             raise ValueError(f"version {version!r} is not a version directory's name")
         if not isinstance(arguments, dict):
             raise ValueError(f"arguments {arguments!r} are not a JSON object")
+        withheld = document.get("withheld") or []
+        if withheld:
+            names = ", ".join(str(name) for name in withheld)[:200]
+            raise ValueError(
+                f"its model.json carries credentials ({names}), which the sidecar does not serve "
+                "and batchpilot would have to write back through Triton's load request; give "
+                "the engine its credentials from the environment (e.g. HF_TOKEN) instead"
+            )
         return cls(version=version, arguments=arguments)
+
+
+def without_credentials(found: RepositoryArguments) -> RepositoryArguments:
+    """The arguments fit to serve: every string under a credential's name taken out."""
+    withheld: list[str] = []
+
+    def kept(value: Any, path: str) -> Any:
+        if not isinstance(value, dict):
+            return value
+        inner: dict[str, Any] = {}
+        for key, item in value.items():
+            where = f"{path}{key}"
+            if CREDENTIAL_NAME.search(str(key)) and isinstance(item, str) and item:
+                withheld.append(where)
+            else:
+                inner[key] = kept(item, f"{where}.")
+        return inner
+
+    return RepositoryArguments(found.version, kept(found.arguments, ""), tuple(withheld))
 
 
 def check_model_name(model: str) -> str:
