@@ -713,15 +713,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def restricted_repository_arguments(credential: tuple[str, str] | None) -> list[str]:
-    """tritonserver's flags that lock its model-repository API to a header (none for None).
-    Triton 2.51 takes `<category>:<header>=<value>` (a comma there is refused at start-up)."""
+    """tritonserver's flags that lock its model-repository API (and the administrator's: logging,
+    trace, shared memory) to a header, as manifests/triton-deployment.yaml does (none for None).
+    Triton 2.51 takes `<categories>:<header>=<value>`; `model-repository,<header>=<value>` is
+    refused at start-up."""
     if credential is None:
         return []
     header, value = credential
-    return [
-        f"--http-restricted-api=model-repository:{header}={value}",
-        f"--grpc-restricted-protocol=model-repository:{header}={value}",
-    ]
+    locked = f"model-repository,logging,trace,shared-memory:{header}={value}"
+    return [f"--http-restricted-api={locked}", f"--grpc-restricted-protocol={locked}"]
 
 
 def grpc_age_arguments(milliseconds: int | None) -> list[str]:

@@ -18,6 +18,9 @@ from batchpilot.policy import documents
 REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "manifests"
 SAMPLES = sorted((MANIFESTS / "policies").glob("*.yaml"))
+# Triton's APIs the example locks to the header: the repository's (the operator's) and the
+# administrator's (log files, trace settings, shared-memory regions).
+LOCKED_APIS = "model-repository,logging,trace,shared-memory"
 
 
 def documents_of(path: Path) -> list[dict[str, Any]]:
@@ -177,8 +180,9 @@ def test_triton_example_locks_its_model_repository_api_to_the_policies_credentia
         assert (named.secret_name, named.key) == (reference["name"], reference["key"]), path
         value = f"{named.header}=$({token['name']})"
         # HTTP and gRPC alike: either would otherwise load a model with its own model.py.
-        assert f"--http-restricted-api=model-repository:{value}" in triton["args"]
-        assert f"--grpc-restricted-protocol=model-repository:{value}" in triton["args"]
+        locked = f"{LOCKED_APIS}:{value}"
+        assert f"--http-restricted-api={locked}" in triton["args"]
+        assert f"--grpc-restricted-protocol={locked}" in triton["args"]
     assert pod["automountServiceAccountToken"] is False
 
 

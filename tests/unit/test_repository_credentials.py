@@ -131,8 +131,9 @@ async def test_a_credential_triton_refuses_leaves_every_pod_serving_and_in_its_s
     wrong = {specs.DEFAULT_REPOSITORY_HEADER: "not-the-token"}
     outcome = await reconcile(reconciler(targets, fleet, FixedCredential(wrong), gates))
     assert [call for call in fleet.calls if call[0] == "apply"] == []
-    # No gate was closed; none is left closed by this pass either.
-    assert [change for change in gates.changes if not change[1]] == []
+    # No gate was closed, and a Pod not yet in its Services joins them: it serves what it
+    # served, and nothing will change that until the credential is right.
+    assert gates.changes == [("triton-1", True, "CredentialRefused")]
     assert conditions(outcome.status)["CredentialRefused"] == ("True", "RefusedByTriton")
     assert {(e.reason, e.type) for e in outcome.events if e.type == "Warning"} == {
         ("CredentialRefused", "Warning")

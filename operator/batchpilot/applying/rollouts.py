@@ -223,6 +223,13 @@ async def roll_out(
         for r in replicas
         if r.name in survey.unreachable
     ]
+    locked = [
+        r for r in replicas if isinstance(survey.unreachable.get(r.name), servers.RepositoryLocked)
+    ]
+    for replica in locked:
+        # It serves, and nothing was changed: a refused credential must not keep it out.
+        if replica.gated and replica.gate != "True":
+            await _open_gate(replica, plan, gates, reason="CredentialRefused")
     behind: list[Replica] = []
     failures = 0
     for replica in replicas:
@@ -239,7 +246,8 @@ async def roll_out(
             await _open_gate(replica, plan, gates, reason="ConfigApplied")
     limit = plan.rollout.max_unavailable
     halted = False
-    out = set(survey.unreachable)  # not serving, whatever their gates say
+    # Not serving, whatever their gates say (a refused credential's serve).
+    out = set(survey.unreachable) - {replica.name for replica in locked}
     # Replicas already out of their Services (an interrupted rollout, a restarted Triton) cost
     # nothing to switch: they go first.
     behind.sort(key=lambda replica: not _out_of_service(replica))
