@@ -57,6 +57,8 @@ from batchpilot_harness import processes
 
 # The demo models' emulated device is one lock file per server; see manifests/model-repository.
 DEVICE_LOCK_ENV = "BATCHPILOT_DEVICE_LOCK"
+# The command line's repository credential comes from the environment, as a Pod's would.
+REPOSITORY_TOKEN_ENV = "TRITON_REPOSITORY_TOKEN"  # noqa: S105 - a variable name
 CACHE_ENV = "BATCHPILOT_CACHE"
 
 _STUB_NAME = "triton_python_backend_stub"
@@ -701,6 +703,12 @@ def _parser() -> argparse.ArgumentParser:
         "first, so gRPC clients reconnect (tritonserver's --grpc-max-connection-age, with a "
         "grace as long)",
     )
+    parser.add_argument(
+        "--repository-header",
+        metavar="NAME",
+        help="lock the model-repository API (and logging, trace, shared memory) to this header, "
+        f"its value taken from ${REPOSITORY_TOKEN_ENV}",
+    )
     parser.add_argument("--ready-timeout", type=float, default=120.0, metavar="SECONDS")
     parser.add_argument(
         "--run-directory",
@@ -736,6 +744,13 @@ def grpc_age_arguments(milliseconds: int | None) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = _parser().parse_args(argv)
+    credential = None
+    if arguments.repository_header:
+        token = os.environ.get(REPOSITORY_TOKEN_ENV, "")
+        if not token:
+            print(f"--repository-header needs ${REPOSITORY_TOKEN_ENV}", file=sys.stderr)
+            return 2
+        credential = (arguments.repository_header, token)
     server = LocalTriton(
         model_repository=arguments.model_repository,
         models=arguments.models,
@@ -748,6 +763,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_directory=arguments.run_directory,
         log_to_console=arguments.run_directory is None,
         extra_arguments=grpc_age_arguments(arguments.grpc_max_connection_age_ms),
+        repository_credential=credential,
     )
     signal.signal(signal.SIGTERM, _request_stop)
     signal.signal(signal.SIGINT, _request_stop)

@@ -23,6 +23,7 @@ ConditionType = Literal[
     "SignalsUnavailable",
     "LeadTimeInsufficient",
     "DrainIneffective",
+    "CredentialRefused",
 ]
 TargetState = Literal["Updated", "Pending", "Draining", "Applying", "Failed", "Unreachable"]
 
@@ -31,8 +32,8 @@ class Condition(Model):
     """The latest observation of one aspect of the policy's state."""
 
     type: Annotated[str, Field(max_length=64)]
-    """Ready, Progressing, Degraded, InvalidSpec, SignalsUnavailable, LeadTimeInsufficient or
-    DrainIneffective."""
+    """Ready, Progressing, Degraded, InvalidSpec, SignalsUnavailable, LeadTimeInsufficient,
+    DrainIneffective or CredentialRefused."""
     status: Literal["True", "False", "Unknown"]
     """Whether the condition holds."""
     reason: Annotated[str, Field(max_length=128)] = ""
@@ -105,7 +106,7 @@ class BatchPolicyStatus(Model):
         max_length=16,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
-    """Ready, Progressing, Degraded, InvalidSpec, SignalsUnavailable, LeadTimeInsufficient and
-    DrainIneffective."""
+    """Ready, Progressing, Degraded, InvalidSpec, SignalsUnavailable, LeadTimeInsufficient,
+    DrainIneffective and CredentialRefused."""
     observed_generation: int | None = None
     """The spec generation this status describes."""
