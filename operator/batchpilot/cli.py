@@ -92,8 +92,9 @@ def _repository_credential(token_file: Path | None) -> credentials.CredentialSou
         try:
             given = token_file.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as error:
+            # Not the path: a value given by mistake for a path must not reach the log.
             raise SystemExit(
-                f"--repository-token-file: cannot read {token_file}: {error}"
+                f"--repository-token-file: cannot read it: {error.strerror or type(error).__name__}"
             ) from None
         return credentials.GivenCredential(given, source=f"--repository-token-file {token_file}")
     from_environment = os.environ.get(REPOSITORY_TOKEN_ENV)
@@ -214,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser(
         "run",
+        # No abbreviations: `--repository-token VALUE` must not pass for the file option.
+        allow_abbrev=False,
         help="make Triton servers follow a policy, without Kubernetes",
         description="Each tick: read load signals (from Triton's metrics, or from sidecars with "
         "--sidecar), decide, and apply the "

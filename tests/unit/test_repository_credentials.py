@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 from typing import Any
 
 import kubernetes.client
@@ -204,3 +205,27 @@ async def test_a_secret_that_cannot_give_the_credential_says_why_without_its_val
         await secret_source(api).repository_headers("team-a", named)
     assert says in str(raised.value)
     assert "two words" not in str(raised.value)
+
+
+async def test_the_runner_takes_the_value_from_a_file_or_the_environment_never_an_argument(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from batchpilot import cli
+
+    named = specs.RepositoryCredential.model_validate({"secretName": "x", "header": "my-header"})
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n", encoding="utf-8")
+    from_file = cli._repository_credential(token_file)
+    assert await from_file.repository_headers("", named) == {"my-header": TOKEN}
+    assert await from_file.repository_headers("", None) == HEADER
+    monkeypatch.setenv(cli.REPOSITORY_TOKEN_ENV, TOKEN)
+    assert await cli._repository_credential(None).repository_headers("", None) == HEADER
+    monkeypatch.delenv(cli.REPOSITORY_TOKEN_ENV)
+    with pytest.raises(credentials.CredentialUnavailable, match="BATCHPILOT_REPOSITORY_TOKEN"):
+        await cli._repository_credential(None).repository_headers("", named)
+    assert await cli._repository_credential(None).repository_headers("", None) == {}
+    # No option takes the value itself: a command line is anyone's to read (ps).
+    with pytest.raises(SystemExit):
+        cli.main(
+            ["run", "--policy", "p.yaml", "--triton", "http://x:1", "--repository-token", TOKEN]
+        )
