@@ -18,6 +18,7 @@ from batchpilot.applying import credentials
 from batchpilot.applying.replicas import Replica
 from batchpilot.kube import secret_credentials
 from batchpilot.policy import specs
+from batchpilot_triton import servers
 from builders import spec_document, utc
 
 NOW = utc(2026, 11, 24, 15)
@@ -229,3 +230,19 @@ async def test_the_runner_takes_the_value_from_a_file_or_the_environment_never_a
         cli.main(
             ["run", "--policy", "p.yaml", "--triton", "http://x:1", "--repository-token", TOKEN]
         )
+
+
+@pytest.mark.looptime
+async def test_a_load_refused_for_its_credential_reopens_the_gate_it_closed() -> None:
+    targets = [target("triton-0", gated=True, gate="True")]
+    fleet = FakeFleet({targets[0].http_url: FakeServer()})
+    fleet.servers[targets[0].http_url].fail_with = servers.RepositoryLocked(
+        targets[0].http_url, "load of gpu_sim: the server refused the credential"
+    )
+    gates = FakeGates()
+    outcome = await reconcile(reconciler(targets, fleet, FixedCredential(dict(HEADER)), gates))
+    assert gates.changes == [
+        ("triton-0", False, "Switching"),
+        ("triton-0", True, "CredentialRefused"),
+    ]
+    assert conditions(outcome.status)["CredentialRefused"] == ("True", "RefusedByTriton")
