@@ -6,6 +6,11 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -44,14 +49,20 @@ def infers(server: local_triton.LocalTriton) -> bool:
 
 
 def post_load_with_model_py(server: local_triton.LocalTriton) -> int:
-    """What an attacker in the cluster would send: a load carrying its own `model.py`."""
-    code = b"import os\nos.system('touch /tmp/pwned')\n"
+    """What an attacker in the cluster would send: a load carrying its own `model.py` (an
+    inert one here: it only fails to be a model)."""
+    code = b"raise RuntimeError('this model.py must never be loaded')\n"
     body = {"parameters": {"file:1/model.py": base64.b64encode(code).decode()}}
-    request = urllib.request.Request(
-        f"{server.http_url}/v2/repository/models/{demo_models.GPU_SIM}/load",
-        data=json.dumps(body).encode(),
-        method="POST",
+    return status_of(
+        urllib.request.Request(
+            f"{server.http_url}/v2/repository/models/{demo_models.GPU_SIM}/load",
+            data=json.dumps(body).encode(),
+            method="POST",
+        )
     )
+
+
+def status_of(request: urllib.request.Request) -> int:
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return int(response.status)
@@ -185,3 +196,42 @@ def test_the_runner_reads_the_credential_from_a_file_never_its_command_line(
     )
     assert runner.returncode == 0, runner.output
     assert TOKEN not in runner.output
+
+
+@pytest.mark.timeout(60)
+def test_the_command_line_locks_the_repository_with_the_value_from_its_environment(
+    tmp_path: Path,
+) -> None:
+    """How the e2e pod runner starts a Triton Pod's locked server: the header on the command
+    line, the value in the environment (as a Pod's Secret would put it)."""
+    http, grpc, metrics = local_triton.free_ports("127.0.0.1", 3)
+    output = tmp_path / "output.log"
+    arguments = [
+        *("--host", "127.0.0.1", "--repository-header", HEADER),
+        *("--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)),
+        *("--model-repository", str(demo_models.MODEL_REPOSITORY), "--model", "gpu_sim"),
+    ]
+    environment = {**os.environ, local_triton.REPOSITORY_TOKEN_ENV: TOKEN}
+    with output.open("wb") as sink:
+        command = subprocess.Popen(
+            [sys.executable, "-m", "batchpilot_harness.local_triton", *arguments],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env=environment,
+        )
+    try:
+        while "ready in" not in output.read_text():
+            assert command.poll() is None, output.read_text()
+            time.sleep(0.1)
+        index = f"http://127.0.0.1:{http}/v2/repository/index"
+        answers = [
+            status_of(urllib.request.Request(index, data=b"{}", headers=headers, method="POST"))
+            for headers in ({}, {HEADER: "wrong"}, {HEADER: TOKEN})
+        ]
+        assert answers == [403, 403, 200]
+        command.send_signal(signal.SIGTERM)
+        assert command.wait(timeout=30) == 0
+    finally:
+        if command.poll() is None:
+            command.kill()
+            command.wait(timeout=30)
