@@ -597,4 +597,10 @@ def test_a_locked_triton_switches_only_with_the_policys_credential_through_the_s
     _credential_secret(kube, namespace, token)
     waiting.wait_for("bulk everywhere", fleet.everyone_serves(ips, "bulk"), timeout=60)
     waiting.wait_for("the refusal cleared", lambda: refused() is None, timeout=30)
+    # Back behind the Service once their gates reopen (both switched at once, maxUnavailable 2).
+    waiting.wait_for(
+        "both Pods behind the Service again",
+        lambda: fleet.ready_endpoints(kube, namespace, "triton") == set(ips.values()),
+        timeout=30,
+    )
     assert _through(client_host, load, body="{}") == 403
