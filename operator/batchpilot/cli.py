@@ -93,8 +93,9 @@ def _repository_credential(token_file: Path | None) -> credentials.CredentialSou
             given = token_file.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as error:
             # Not the path: a value given by mistake for a path must not reach the log.
+            why = error.strerror if isinstance(error, OSError) else None
             raise SystemExit(
-                f"--repository-token-file: cannot read it: {error.strerror or type(error).__name__}"
+                f"--repository-token-file: cannot read it: {why or type(error).__name__}"
             ) from None
         return credentials.GivenCredential(given, source=f"--repository-token-file {token_file}")
     from_environment = os.environ.get(REPOSITORY_TOKEN_ENV)
