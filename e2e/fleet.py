@@ -51,6 +51,9 @@ def policy(name: str = "fleet", **spec: Any) -> dict[str, Any]:
     }
 
 
+REPOSITORY_HEADER = "batchpilot-repository-token"
+"""The header a locked Triton's model-repository API expects (the API's default)."""
+
 # Set by `python -m e2e.kind test`: the images of real Triton Pods on kind.
 TRITON_IMAGE_ENV = "BATCHPILOT_E2E_TRITON_IMAGE"
 SIDECAR_IMAGE_ENV = "BATCHPILOT_E2E_SIDECAR_IMAGE"
@@ -80,14 +83,27 @@ def triton_pod(
     gated: bool,
     models: Sequence[str] = (MODEL,),
     grpc_max_connection_age_ms: int | None = None,
+    repository_secret: str | None = None,
 ) -> client.V1Pod:
     """A Triton Pod; `grpc_max_connection_age_ms` asks the local pod runner to run Triton with
-    `--grpc-max-connection-age` (ignored on kind)."""
+    `--grpc-max-connection-age` (ignored on kind); `repository_secret` locks its model-repository
+    API to REPOSITORY_HEADER, the value from that Secret's key `token`, as
+    manifests/triton-deployment.yaml does (the local pod runner only)."""
     triton = client.V1Container(
         name="triton",
         image=os.environ.get(TRITON_IMAGE_ENV, UNPULLED_TRITON),
         image_pull_policy="Never",
         args=[argument for model in models for argument in ("--model", model)],
+        env=[
+            client.V1EnvVar(
+                name=podrunner.REPOSITORY_TOKEN_VARIABLE,
+                value_from=client.V1EnvVarSource(
+                    secret_key_ref=client.V1SecretKeySelector(name=repository_secret, key="token")
+                ),
+            )
+        ]
+        if repository_secret
+        else None,
         ports=[
             client.V1ContainerPort(name="http", container_port=endpoints.TRITON_HTTP_PORT),
             client.V1ContainerPort(name="grpc", container_port=endpoints.TRITON_GRPC_PORT),
@@ -117,6 +133,11 @@ def triton_pod(
                     {}
                     if grpc_max_connection_age_ms is None
                     else {podrunner.GRPC_AGE_ANNOTATION: str(grpc_max_connection_age_ms)}
+                ),
+                **(
+                    {podrunner.REPOSITORY_HEADER_ANNOTATION: REPOSITORY_HEADER}
+                    if repository_secret
+                    else {}
                 ),
             },
         ),
@@ -196,13 +217,18 @@ def start_tritons(
     labels: dict[str, str] | None = None,
     prefix: str = "triton",
     grpc_max_connection_age_ms: int | None = None,
+    repository_secret: str | None = None,
 ) -> dict[str, str]:
     """Create `count` Triton Pods and wait until each serves; their IPs by name."""
     labels = labels or {"app": "triton"}
     names = [f"{prefix}-{index}" for index in range(count)]
     for name in names:
         pod = triton_pod(
-            name, labels=labels, gated=gated, grpc_max_connection_age_ms=grpc_max_connection_age_ms
+            name,
+            labels=labels,
+            gated=gated,
+            grpc_max_connection_age_ms=grpc_max_connection_age_ms,
+            repository_secret=repository_secret,
         )
         kube.core.create_namespaced_pod(namespace, pod)
 

@@ -29,6 +29,8 @@ EVERY_TOGGLE = (
     "--set", "grafana.dashboard.enabled=true",
     "--set", "grafana.alerts.enabled=true",
     "--set", "networkPolicy.enabled=true",
+    # Needs operator.namespaces, which every rendering with these toggles sets.
+    "--set", "sidecarNetworkPolicy.enabled=true",
 )  # fmt: skip
 
 ONE_PLAIN_REPLICA = (
@@ -97,6 +99,14 @@ def test_every_rendering_passes_a_server_side_dry_run(api: Kube, namespace: str)
     assert {"ServiceMonitor", "PodMonitor", "PrometheusRule", "NetworkPolicy"} <= kinds
     assert "KopfPeering" in kinds
     assert "ClusterKopfPeering" not in kinds
+    # Serving one namespace: Roles there, nothing cluster-wide; the sidecars' NetworkPolicy
+    # there too (no enforcer runs on this cluster: the API server's acceptance is what is
+    # tested here, its effect is not).
+    assert {"Role", "RoleBinding"} <= kinds
+    assert not kinds & {"ClusterRole", "ClusterRoleBinding"}
+    policies = [d for d in yaml.safe_load_all(every) if d and d["kind"] == "NetworkPolicy"]
+    assert {p["metadata"].get("namespace") for p in policies} == {namespace}
+    assert len(policies) == 2
 
 
 @pytest.mark.timeout(90)

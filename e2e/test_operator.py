@@ -8,7 +8,10 @@ import asyncio
 import contextlib
 import datetime
 import os
+import secrets
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -529,3 +532,93 @@ def test_two_replicas_with_peering_leave_exactly_one_active(
     waiting.wait_for("the follower to apply", fleet.everyone_serves(ips, "interactive"), timeout=60)
     assert "Resuming operations after the pause" in first.log
     assert "fleet: bulk -> interactive" in first.log
+
+
+def _through(host: podnetwork.Host, url: str, *, body: str | None = None) -> int:
+    """The HTTP status of a request from the client host's namespace (through kube-proxy)."""
+    script = (
+        "import sys, urllib.request, urllib.error\n"
+        "data = sys.argv[2].encode() if len(sys.argv) > 2 else None\n"
+        "try:\n"
+        "    print(urllib.request.urlopen(urllib.request.Request(sys.argv[1], data=data), "
+        "timeout=5).status)\n"
+        "except urllib.error.HTTPError as error:\n"
+        "    print(error.code)\n"
+    )
+    argv = [sys.executable, "-c", script, url, *([body] if body is not None else [])]
+    done = subprocess.run(host.exec_argv(argv), capture_output=True, text=True, timeout=20)
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout.strip())
+
+
+def _credential_secret(kube: Kube, namespace: str, token: str) -> None:
+    """The Secret the Pods' Triton and the policy share, created or replaced with `token`."""
+    rendered = kube.kubectl_run(
+        "create", "secret", "generic", "triton-repository-credential", "-n", namespace,
+        f"--from-literal=token={token}", "--dry-run=client", "-o", "yaml",
+    )  # fmt: skip
+    assert rendered.returncode == 0, rendered.stderr
+    applied = kube.kubectl_run("apply", "-n", namespace, "-f", "-", stdin=rendered.stdout)
+    assert applied.returncode == 0, applied.stderr
+
+
+@pytest.mark.timeout(180)
+def test_a_locked_triton_switches_only_with_the_policys_credential_through_the_service(
+    kube: Kube, namespace: str, start_operator: StartOperator, client_host: podnetwork.Host
+) -> None:
+    """Triton's model-repository API locked to a header from a Secret, as the manifests run it:
+    through the Service a load without it is refused while inference works; a wrong value in
+    the Secret is a condition and an event and changes nothing (the Pods still join their
+    Service); the right one switches the fleet."""
+    token = secrets.token_hex(16)
+    # Triton takes the value the Secret holds when it starts: the right one.
+    _credential_secret(kube, namespace, token)
+    ips = fleet.start_tritons(
+        kube, namespace, 2, gated=True, repository_secret="triton-repository-credential"
+    )
+    service_ip = fleet.create_service(kube, namespace, selector={"app": "triton"})
+    _credential_secret(kube, namespace, "not-" + token)  # the operator will read a wrong one
+    credential = {"secretName": "triton-repository-credential"}
+    target = {**fleet.BASE_SPEC["target"], "repositoryCredential": credential}
+    start_operator(interval=2.0)
+    operators.apply_policy(kube, namespace, fleet.policy(target=target))
+
+    def refused() -> dict[str, Any] | None:
+        condition = operators.condition(status_of(kube, namespace), "CredentialRefused")
+        return condition if condition.get("status") == "True" else None
+
+    condition = waiting.wait_for("the refusal in the status", refused, timeout=30)
+    assert condition["reason"] == "RefusedByTriton", condition
+    assert token not in condition["message"]
+    warnings = waiting.wait_for(
+        "a CredentialRefused event",
+        lambda: operators.events(kube, namespace, "CredentialRefused"),
+        timeout=20,
+    )
+    assert not any(token in warning for warning in warnings)
+    assert all(fleet.served_profile(ip) is None for ip in ips.values())
+    # The Pods serve what they served, so they join their Service all the same.
+    waiting.wait_for(
+        "both Pods behind the Service",
+        lambda: fleet.ready_endpoints(kube, namespace, "triton") == set(ips.values()),
+        timeout=20,
+    )
+    service = f"http://{service_ip}:{endpoints.TRITON_HTTP_PORT}"
+    load = f"{service}/v2/repository/models/{fleet.MODEL}/load"
+    assert _through(client_host, load, body="{}") == 403
+    infer = (
+        '{"inputs": [{"name": "INPUT", "shape": [1, 16], "datatype": "FP32", '
+        '"data": [' + ", ".join(["1.0"] * 16) + "]}]}"
+    )
+    assert _through(client_host, f"{service}/v2/models/{fleet.MODEL}/infer", body=infer) == 200
+
+    _credential_secret(kube, namespace, token)
+    waiting.wait_for("bulk everywhere", fleet.everyone_serves(ips, "bulk"), timeout=60)
+    waiting.wait_for("the refusal cleared", lambda: refused() is None, timeout=30)
+    # Back behind the Service once their gates reopen (both switched at once, maxUnavailable 2).
+    waiting.wait_for(
+        "both Pods behind the Service again",
+        lambda: fleet.ready_endpoints(kube, namespace, "triton") == set(ips.values()),
+        timeout=30,
+    )
+    assert _through(client_host, load, body="{}") == 403

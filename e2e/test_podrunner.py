@@ -144,3 +144,45 @@ def test_a_grpc_connection_age_runs_triton_with_that_flag(tmp_path: Path) -> Non
         "--grpc-max-connection-age-grace=1500",
     ]
     assert local_triton.grpc_age_arguments(None) == []
+
+
+def test_a_locked_repository_runs_triton_with_the_header_and_the_secrets_value(
+    tmp_path: Path,
+) -> None:
+    reference = {"secretKeyRef": {"name": "triton-repository-credential", "key": "token"}}
+    containers = [
+        {"name": "triton", "env": [{"name": "TRITON_REPOSITORY_TOKEN", "valueFrom": reference}]}
+    ]
+    body = pod(annotations={podrunner.REPOSITORY_HEADER_ANNOTATION: "batchpilot-repository-token"})
+    body["spec"]["containers"] = containers
+    req = request(body)
+    assert req is not None
+    assert req.repository_secret == ("triton-repository-credential", "token")
+    triton, sidecar = podrunner.RUNTIMES["triton"](req, podrunner.Workspace(directory=tmp_path))
+    assert triton.argv[-2:] == ("--repository-header", "batchpilot-repository-token")
+    # The value never reaches an argv the runner builds: it is read from the Secret at start.
+    assert triton.secret_environment == (
+        ("TRITON_REPOSITORY_TOKEN", "triton-repository-credential", "token"),
+    )
+    assert sidecar.secret_environment == ()
+
+
+@pytest.mark.parametrize(
+    ("header", "env", "reason"),
+    [
+        ("Not A Header", [], "is not a header name"),
+        ("batchpilot-repository-token", [], "needs TRITON_REPOSITORY_TOKEN from a secretKeyRef"),
+        (
+            "batchpilot-repository-token",
+            [{"name": "TRITON_REPOSITORY_TOKEN", "value": "in-the-pod-spec"}],
+            "needs TRITON_REPOSITORY_TOKEN from a secretKeyRef",
+        ),
+    ],
+)
+def test_a_locked_repository_without_a_secret_is_rejected(
+    header: str, env: list[dict[str, Any]], reason: str
+) -> None:
+    body = pod(annotations={podrunner.REPOSITORY_HEADER_ANNOTATION: header})
+    body["spec"]["containers"] = [{"name": "triton", "env": env}]
+    with pytest.raises(podrunner.RejectedPod, match=reason):
+        request(body)

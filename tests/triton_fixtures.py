@@ -41,6 +41,7 @@ class TritonFactory:
         explicit: bool = True,
         model_repository: Path = demo_models.MODEL_REPOSITORY,
         ready_timeout: float = 60.0,
+        repository_credential: tuple[str, str] | None = None,
     ) -> local_triton.LocalTriton:
         server = local_triton.LocalTriton(
             model_repository=model_repository,
@@ -48,6 +49,7 @@ class TritonFactory:
             explicit_model_control=explicit,
             exit_timeout_seconds=1,
             run_directory=self._run_root / f"server-{len(self._servers)}",
+            repository_credential=repository_credential,
         )
         self._servers.append(server)
         _running.append(server)
@@ -145,14 +147,20 @@ def run_command_until(
     with subprocess.Popen(command, stderr=subprocess.PIPE, text=True) as process:
         assert process.stderr is not None
         log: list[str] = []
-        for line in process.stderr:
-            log.append(line)
-            if until in line:
-                break
-        assert log, "the runner exited without a word"
-        with urllib.request.urlopen(f"http://127.0.0.1:{listen_port}/metrics", timeout=5) as page:
-            metrics = page.read().decode()
-        process.terminate()
+        try:
+            for line in process.stderr:
+                log.append(line)
+                if until in line:
+                    break
+            assert log, "the runner exited without a word"
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{listen_port}/metrics", timeout=5
+            ) as page:
+                metrics = page.read().decode()
+        finally:
+            # Also when the test times out waiting: Popen's exit would wait for ever on a
+            # runner that was never told to stop.
+            process.terminate()
         # Read the rest through the same buffered stream: `communicate()` reads the pipe
         # beneath it and would lose lines the loop above had read ahead.
         log.append(process.stderr.read())

@@ -16,6 +16,7 @@ Not emulated: readiness probes, container restarts in the pod's status, logs thr
 """
 
 import argparse
+import base64
 import contextlib
 import dataclasses
 import datetime
@@ -38,6 +39,13 @@ MODELS_ANNOTATION = "batchpilot.dev/e2e-models"
 GRPC_AGE_ANNOTATION = "batchpilot.dev/e2e-grpc-max-connection-age-ms"
 """Triton ends each gRPC connection after about this long (`local_triton`'s
 `--grpc-max-connection-age-ms`): 100 to 600000."""
+REPOSITORY_HEADER_ANNOTATION = "batchpilot.dev/e2e-repository-header"
+"""Triton locks its model-repository API to this header, as manifests/triton-deployment.yaml
+does; the value comes, as there, from the triton container's environment variable
+TRITON_REPOSITORY_TOKEN, which must come from a Secret (`valueFrom.secretKeyRef`): the runner
+reads it from the API as a kubelet would."""
+REPOSITORY_TOKEN_VARIABLE = "TRITON_REPOSITORY_TOKEN"
+HEADER_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,62}[a-z0-9])?")
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 MAX_MODELS = 8
 STOP_TIMEOUT = 10.0
@@ -64,6 +72,9 @@ class PodRequest:
     models: tuple[str, ...]
     grace_seconds: float
     grpc_max_connection_age_ms: int | None = None
+    repository_header: str | None = None
+    repository_secret: tuple[str, str] | None = None
+    """(Secret, key) of the header's value, in the pod's namespace."""
 
     @property
     def key(self) -> str:
@@ -77,6 +88,8 @@ class Command:
     container: str
     argv: tuple[str, ...]
     cwd: Path | None = None
+    secret_environment: tuple[tuple[str, str, str], ...] = ()
+    """(variable, Secret, key): variables whose values the runner reads from Secrets."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -121,6 +134,10 @@ def triton_commands(pod: PodRequest, workspace: Workspace) -> tuple[Command, ...
         argv += ["--model", model]
     if pod.grpc_max_connection_age_ms is not None:
         argv += ["--grpc-max-connection-age-ms", str(pod.grpc_max_connection_age_ms)]
+    secrets: tuple[tuple[str, str, str], ...] = ()
+    if pod.repository_header is not None and pod.repository_secret is not None:
+        argv += ["--repository-header", pod.repository_header]
+        secrets = ((REPOSITORY_TOKEN_VARIABLE, *pod.repository_secret),)
     # The batchpilot sidecar beside it, as in the chart's example Deployment.
     sidecar = (
         sys.executable,
@@ -135,7 +152,12 @@ def triton_commands(pod: PodRequest, workspace: Workspace) -> tuple[Command, ...
         "5",
     )
     return (
-        Command(container="triton", argv=tuple(argv), cwd=workspace.directory),
+        Command(
+            container="triton",
+            argv=tuple(argv),
+            cwd=workspace.directory,
+            secret_environment=secrets,
+        ),
         Command(container="batchpilot-sidecar", argv=sidecar, cwd=workspace.directory),
     )
 
@@ -175,6 +197,24 @@ def parse_grpc_age(text: str | None) -> int | None:
     return int(text)
 
 
+def parse_repository_credential(
+    header: str | None, spec: rest.JsonObject
+) -> tuple[str | None, tuple[str, str] | None]:
+    """The header Triton's repository API is locked to, and the Secret its value comes from."""
+    if header is None:
+        return None, None
+    if not HEADER_NAME.fullmatch(header):
+        raise RejectedPod(f"{REPOSITORY_HEADER_ANNOTATION}: {header!r} is not a header name")
+    for container in spec.get("containers") or []:
+        for variable in container.get("env") or []:
+            reference = (variable.get("valueFrom") or {}).get("secretKeyRef")
+            if variable.get("name") == REPOSITORY_TOKEN_VARIABLE and reference:
+                return header, (str(reference["name"]), str(reference["key"]))
+    raise RejectedPod(
+        f"{REPOSITORY_HEADER_ANNOTATION} needs {REPOSITORY_TOKEN_VARIABLE} from a secretKeyRef"
+    )
+
+
 def pod_request(
     pod: rest.JsonObject,
     *,
@@ -201,6 +241,9 @@ def pod_request(
     address = ipaddress.ip_address(ip)
     if not any(address in network for network in networks):
         raise RejectedPod(f"pod IP {ip} is outside the pod CIDRs")
+    header, secret = parse_repository_credential(
+        annotations.get(REPOSITORY_HEADER_ANNOTATION), spec
+    )
     return PodRequest(
         uid=metadata["uid"],
         namespace=metadata["namespace"],
@@ -210,6 +253,8 @@ def pod_request(
         models=parse_models(annotations.get(MODELS_ANNOTATION)),
         grace_seconds=float(spec.get("terminationGracePeriodSeconds", STOP_TIMEOUT)),
         grpc_max_connection_age_ms=parse_grpc_age(annotations.get(GRPC_AGE_ANNOTATION)),
+        repository_header=header,
+        repository_secret=secret,
     )
 
 
@@ -282,6 +327,8 @@ class Runner:
         env["POD_NAME"] = pod.name
         env["POD_NAMESPACE"] = pod.namespace
         env["POD_IP"] = pod.ip
+        for variable, secret, key in command.secret_environment:
+            env[variable] = self.secret_value(pod.namespace, secret, key)
         return processes.start(
             name=f"pod-{pod.key}-{command.container}",
             argv=podnetwork.Host(ip=pod.ip).exec_argv(command.argv),
@@ -290,6 +337,18 @@ class Runner:
             env=env,
             cwd=command.cwd,
         )
+
+    def secret_value(self, namespace: str, secret: str, key: str) -> str:
+        """A Secret's value, as a kubelet puts it into a container's environment; a Secret or
+        key that is missing stops the pod's start (retried, reported once)."""
+        try:
+            found = self.client.get(f"/api/v1/namespaces/{namespace}/secrets/{secret}")
+        except rest.ApiError as error:
+            raise OSError(f"Secret {namespace}/{secret}: {error}") from None
+        data = (found.get("data") or {}).get(key)
+        if data is None:
+            raise OSError(f"Secret {namespace}/{secret} has no key {key!r}")
+        return base64.b64decode(data).decode()
 
     def start_pod(self, pod: rest.JsonObject, request: PodRequest) -> None:
         workspace = Workspace(directory=self.cluster.state_dir / "pods" / request.uid)

@@ -14,6 +14,7 @@ import asyncio
 import datetime
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from importlib import metadata
@@ -21,10 +22,12 @@ from pathlib import Path
 from types import ModuleType
 
 from batchpilot import __version__, explaining
+from batchpilot.applying import credentials
 from batchpilot.policy import documents, specs
 from batchpilot_triton import endpoints
 
 PLUGIN_GROUP = "batchpilot.commands"
+REPOSITORY_TOKEN_ENV = "BATCHPILOT_REPOSITORY_TOKEN"  # noqa: S105 - a variable name, not a value
 
 
 def _read_named_policy(path: Path) -> documents.NamedPolicy:
@@ -78,7 +81,30 @@ def _run(arguments: argparse.Namespace) -> int:
             sidecar_urls=arguments.sidecar,
             model_repository=arguments.model_repository,
             ticks=arguments.ticks,
+            credential_source=_repository_credential(arguments.repository_token_file),
         )
+    )
+
+
+def _repository_credential(token_file: Path | None) -> credentials.CredentialSource:
+    """The runner's repository credential: from a file, or the environment; never from its
+    command line, which anyone on the machine can read (ps)."""
+    if token_file is not None:
+        try:
+            given = token_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            # Not the path: a value given by mistake for a path must not reach the log.
+            why = error.strerror if isinstance(error, OSError) else None
+            raise SystemExit(
+                f"--repository-token-file: cannot read it: {why or type(error).__name__}"
+            ) from None
+        return credentials.GivenCredential(given, source=f"--repository-token-file {token_file}")
+    from_environment = os.environ.get(REPOSITORY_TOKEN_ENV)
+    if from_environment:
+        return credentials.GivenCredential(from_environment, source=REPOSITORY_TOKEN_ENV)
+    return credentials.NoCredentials(
+        hint=f"the runner was given no value (set {REPOSITORY_TOKEN_ENV} or "
+        "--repository-token-file)"
     )
 
 
@@ -191,6 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser(
         "run",
+        # No abbreviations: `--repository-token VALUE` must not pass for the file option.
+        allow_abbrev=False,
         help="make Triton servers follow a policy, without Kubernetes",
         description="Each tick: read load signals (from Triton's metrics, or from sidecars with "
         "--sidecar), decide, and apply the "
@@ -234,6 +262,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="the model repository the servers load from: LLM models served by Triton's vLLM "
         "backend take a profile's llm settings in a model.json built on this repository's",
+    )
+    run.add_argument(
+        "--repository-token-file",
+        type=Path,
+        metavar="FILE",
+        help="the value of the header that Triton's restricted model-repository API expects "
+        f"(or set {REPOSITORY_TOKEN_ENV}); sent under the header the policy's "
+        "target.repositoryCredential names, else batchpilot-repository-token",
     )
     run.add_argument("--interval", type=float, default=5.0, help="seconds between ticks")
     run.add_argument(

@@ -25,7 +25,7 @@ from batchpilot import reconciling, reporting, telemetry
 from batchpilot.applying import backoffs, fleets, pod_repositories
 from batchpilot.applying.replicas import Replica
 from batchpilot.kube import pods as kube_pods
-from batchpilot.kube import policies
+from batchpilot.kube import policies, secret_credentials
 from batchpilot.policy import governing, specs
 from batchpilot.signals import prometheus, sidecars, sources
 
@@ -320,6 +320,7 @@ def build_controller(options: Options) -> Controller:
         signal_source=signal_sources(fleet),
         metrics=metrics,
         settle_seconds=options.settle_seconds,
+        credential_source=secret_credentials.SecretCredentials(api),
     )
     controller = Controller(
         options=options, reconciler=reconciler, policies=policies.Policies(api), metrics=metrics

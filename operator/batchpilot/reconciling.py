@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from batchpilot import reporting, telemetry
-from batchpilot.applying import rollouts
+from batchpilot.applying import credentials, rollouts
 from batchpilot.applying.replicas import Replica
 from batchpilot.policy import decisions, documents, governing, leads, specs, statuses
 from batchpilot.signals import sources
@@ -56,7 +56,13 @@ SignalSourceFactory = Callable[[str, specs.BatchPolicySpec, Sequence[Replica]], 
 
 
 class Fleet(rollouts.Fleet, Protocol):
-    async def hold(self, holder: Hashable, urls: Sequence[str]) -> None: ...
+    async def hold(
+        self,
+        holder: Hashable,
+        urls: Sequence[str],
+        *,
+        repository_headers: Mapping[str, str] | None = None,
+    ) -> None: ...
 
     async def release(self, holder: Hashable) -> None: ...
 
@@ -140,6 +146,7 @@ class _Observed:
     survey: rollouts.Survey
     reading: sources.Reading
     lead: leads.Lead
+    credential_problem: str | None = None
 
 
 def _wake_at(decision: decisions.Decision | None) -> datetime.datetime | None:
@@ -148,6 +155,14 @@ def _wake_at(decision: decisions.Decision | None) -> datetime.datetime | None:
     if decision is None:
         return None
     return decision.rollout_starts or decision.next_transition
+
+
+async def _unsurveyed() -> rollouts.Survey:
+    return rollouts.Survey(models={}, unreachable={})
+
+
+def _no_credentials() -> credentials.CredentialSource:
+    return credentials.NoCredentials()
 
 
 def _now() -> datetime.datetime:
@@ -166,6 +181,7 @@ class Reconciler:
         clock: Callable[[], datetime.datetime] = _now,
         settle_seconds: float = 1.5,
         governors: GovernorSource | None = None,
+        credential_source: credentials.CredentialSource | None = None,
     ) -> None:
         self.replica_source = replicas
         self.gates = gates
@@ -176,6 +192,7 @@ class Reconciler:
         self.settle_seconds = settle_seconds
         self.governors = governors
         """None: one policy governs every replica it is given (the runner's)."""
+        self.credentials = credential_source or _no_credentials()
 
     async def forget_policy(self, namespace: str, name: str) -> None:
         """The policy is gone (or this replica no longer governs it): its series leave the
@@ -254,6 +271,7 @@ class Reconciler:
             result=result,
             lead=observed.lead,
             measured_wave_seconds=state.measured_wave_seconds,
+            credential_problem=observed.credential_problem,
             signal_problems=(
                 *observed.reading.problems,
                 *reporting.missing_signals(policy, observed.reading.signals.metrics),
@@ -268,15 +286,31 @@ class Reconciler:
     ) -> _Observed:
         selected, skipped = await self.replica_source.replicas(namespace, policy.target)
         replicas, contested = self._governed(namespace, name, selected)
-        await self.fleet.hold((namespace, name), [replica.http_url for replica in replicas])
+        problem = None
+        try:
+            headers = await self.credentials.repository_headers(
+                namespace, policy.target.repository_credential
+            )
+        except credentials.CredentialUnavailable as error:
+            headers, problem = {}, str(error)
+        await self.fleet.hold(
+            (namespace, name),
+            [replica.http_url for replica in replicas],
+            repository_headers=headers,
+        )
+        # Without its credential no server is asked anything of its repository.
+        surveyed = (
+            rollouts.survey(replicas, policy.target.models, self.fleet)
+            if problem is None
+            else _unsurveyed()
+        )
         survey, reading = await asyncio.gather(
-            rollouts.survey(replicas, policy.target.models, self.fleet),
-            self._signals(namespace, policy, replicas, state),
+            surveyed, self._signals(namespace, policy, replicas, state)
         )
         lead = leads.lead_for(
             policy, replicas=len(replicas), wave_seconds=state.measured_wave_seconds
         )
-        return _Observed(replicas, skipped, contested, survey, reading, lead)
+        return _Observed(replicas, skipped, contested, survey, reading, lead, problem)
 
     def _governed(
         self, namespace: str, name: str, selected: Sequence[Replica]
@@ -302,6 +336,8 @@ class Reconciler:
     ) -> rollouts.Result | None:
         if observed.survey.missing:
             return None  # the spec names models the fleet lacks: change nothing anywhere
+        if observed.credential_problem is not None and not policy.dry_run:
+            return None  # no credential: change nothing anywhere
         if policy.dry_run:
             await rollouts.open_gates_for_dry_run(observed.replicas, namespace, self.gates)
             return rollouts.dry_run(observed.replicas, observed.survey)

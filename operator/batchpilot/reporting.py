@@ -63,6 +63,8 @@ class Findings:
     """Why load signals the policy needs are missing."""
     lead: leads.Lead | None = None
     measured_wave_seconds: float | None = None
+    credential_problem: str | None = None
+    """Why the policy's repository credential cannot be had; nothing was applied."""
 
 
 def previous_status(status: Mapping[str, Any]) -> statuses.BatchPolicyStatus:
@@ -105,6 +107,7 @@ def _invalid(
         "LeadTimeInsufficient": (False, "InvalidSpec", ""),
         "DrainIneffective": (False, "InvalidSpec", ""),
         "PodsContested": (False, "InvalidSpec", ""),
+        "CredentialRefused": (False, "InvalidSpec", ""),
     }
     decision = findings.decision
     return previous.model_copy(
@@ -134,6 +137,7 @@ def _decided(
         "LeadTimeInsufficient": lead_time_insufficient(policy, findings.lead),
         "DrainIneffective": drain_ineffective(findings.result, previous),
         "PodsContested": pods_contested(findings.contested),
+        "CredentialRefused": credential_refused(findings),
     }
     return statuses.BatchPolicyStatus(
         active_profile=decision.profile,
@@ -208,6 +212,8 @@ def ready(findings: Findings, counts: statuses.TargetCounts) -> Wanted:
     assert policy is not None
     if policy.dry_run:
         return False, "DryRun", "decisions are reported, nothing is applied"
+    if findings.credential_problem is not None:
+        return False, "CredentialUnavailable", findings.credential_problem
     if counts.total == 0 and findings.contested:
         return False, "NoTargets", "every Pod it selects is governed by an older policy"
     if counts.total == 0:
@@ -267,6 +273,26 @@ def lead_time_insufficient(policy: specs.BatchPolicySpec, lead: leads.Lead | Non
         f"{durations.format_duration(lead.lead.total_seconds())}: the last replicas switch up "
         f"to {durations.format_duration(late.total_seconds())} after a boundary; raise leadTime, "
         f"set it to auto, or raise rollout.maxUnavailable",
+    )
+
+
+def credential_refused(findings: Findings) -> Wanted:
+    """Whether the repository credential could not be read, or Triton refused it."""
+    if findings.credential_problem is not None:
+        return (
+            True,
+            "SecretUnavailable",
+            f"spec.target.repositoryCredential: {findings.credential_problem}; nothing applied",
+        )
+    outcomes = findings.result.outcomes if findings.result else ()
+    refused = [o for o in outcomes if o.error == "credential_refused"]
+    if not refused:
+        return False, "CredentialAccepted", ""
+    return (
+        True,
+        "RefusedByTriton",
+        "; ".join(f"{o.replica.title}: {o.message}" for o in refused)
+        + "; those replicas keep the configuration they serve",
     )
 
 
@@ -342,6 +368,11 @@ def notices(findings: Findings) -> list[Notice]:
         reason = "DryRunDecision" if policy.dry_run else "ProfileSwitched"
         switch = f"{findings.previous_profile or '(none)'} -> {decision.profile}: {decision.reason}"
         found.insert(0, Notice(Event("Normal", reason, switch)))
+    if findings.credential_problem is not None:
+        _, _, message = credential_refused(findings)
+        found.append(Notice(Event("Warning", "CredentialRefused", message), key="Credential"))
+    else:
+        found.append(Notice(None, key="Credential"))
     if policy is not None and not findings.problems:
         holds, _, message = lead_time_insufficient(policy, findings.lead)
         event = Event("Warning", "LeadTimeInsufficient", message) if holds else None
@@ -372,7 +403,9 @@ def target_notice(outcome: rollouts.Outcome) -> Notice:
     if outcome.state == "Unreachable":
         reason = "TargetUnreachable"
     elif outcome.state == "Failed":
-        reason = "RolledBack" if outcome.error == "rejected" else "ApplyFailed"
+        reason = {"rejected": "RolledBack", "credential_refused": "CredentialRefused"}.get(
+            outcome.error or "", "ApplyFailed"
+        )
     else:
         return Notice(None, key=key)
     return Notice(Event("Warning", reason, f"{outcome.replica.title}: {outcome.message}"), key=key)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from batchpilot import reconciling, reporting, telemetry
-from batchpilot.applying import engines, fleets, replicas, rollouts
+from batchpilot.applying import credentials, engines, fleets, replicas, rollouts
 from batchpilot.applying.replicas import Replica
 from batchpilot.policy import decisions, specs
 from batchpilot.signals import sidecars, sources
@@ -78,6 +78,7 @@ class Runner:
         metrics: telemetry.ControllerMetrics,
         clock: Callable[[], datetime.datetime] = utc_now,
         model_repository: Path | None = None,
+        credential_source: credentials.CredentialSource | None = None,
     ) -> None:
         self.name = name
         self.namespace = namespace
@@ -100,6 +101,7 @@ class Runner:
             metrics=metrics,
             clock=clock,
             settle_seconds=0.0,
+            credential_source=credential_source,
         )
         self.state = reconciling.PolicyMemory()
         self.status: dict[str, Any] = {}
@@ -171,6 +173,7 @@ async def run_standalone(
     sidecar_urls: Sequence[str] = (),
     model_repository: Path | None = None,
     ticks: int | None = None,
+    credential_source: credentials.CredentialSource | None = None,
 ) -> int:
     """`batchpilot run`: tick until SIGTERM or Ctrl-C (or `ticks` ticks), then stop cleanly."""
     if metrics_urls and len(metrics_urls) != len(triton_urls):
@@ -201,6 +204,7 @@ async def run_standalone(
         source=source,
         metrics=metrics,
         model_repository=model_repository,
+        credential_source=credential_source,
     )
 
     stop = asyncio.Event()

@@ -57,6 +57,8 @@ from batchpilot_harness import processes
 
 # The demo models' emulated device is one lock file per server; see manifests/model-repository.
 DEVICE_LOCK_ENV = "BATCHPILOT_DEVICE_LOCK"
+# The command line's repository credential comes from the environment, as a Pod's would.
+REPOSITORY_TOKEN_ENV = "TRITON_REPOSITORY_TOKEN"  # noqa: S105 - a variable name
 CACHE_ENV = "BATCHPILOT_CACHE"
 
 _STUB_NAME = "triton_python_backend_stub"
@@ -300,6 +302,7 @@ class LocalTriton:
         run_directory: Path | None = None,
         log_to_console: bool = False,
         extra_arguments: Sequence[str] = (),
+        repository_credential: tuple[str, str] | None = None,
         environment: Mapping[str, str] | None = None,
         distribution: TritonDistribution | None = None,
         interpreter: Path | None = None,
@@ -312,6 +315,9 @@ class LocalTriton:
         self.explicit_model_control = explicit_model_control
         self.exit_timeout_seconds = exit_timeout_seconds
         self.extra_arguments = tuple(extra_arguments)
+        self.repository_credential = repository_credential
+        """(header, value): the model-repository API (HTTP and gRPC) refuses calls without it,
+        as the manifests' Triton does; inference stays open."""
         self.environment = dict(environment or {})
         """Variables set for the server on top of ours (CUDA_VISIBLE_DEVICES, for one)."""
         self.interpreter = interpreter
@@ -423,7 +429,11 @@ class LocalTriton:
                 f"--model-repository={self._repository_view()}",
                 "--model-control-mode=none",
             ]
-        return [*command, *self.extra_arguments]
+        return [
+            *command,
+            *restricted_repository_arguments(self.repository_credential),
+            *self.extra_arguments,
+        ]
 
     def _repository_view(self) -> Path:
         """What a non-explicit server loads entirely: the chosen models, or the whole repository."""
@@ -693,6 +703,12 @@ def _parser() -> argparse.ArgumentParser:
         "first, so gRPC clients reconnect (tritonserver's --grpc-max-connection-age, with a "
         "grace as long)",
     )
+    parser.add_argument(
+        "--repository-header",
+        metavar="NAME",
+        help="lock the model-repository API (and logging, trace, shared memory) to this header, "
+        f"its value taken from ${REPOSITORY_TOKEN_ENV}",
+    )
     parser.add_argument("--ready-timeout", type=float, default=120.0, metavar="SECONDS")
     parser.add_argument(
         "--run-directory",
@@ -702,6 +718,18 @@ def _parser() -> argparse.ArgumentParser:
         "and the log goes to this process's stdout",
     )
     return parser
+
+
+def restricted_repository_arguments(credential: tuple[str, str] | None) -> list[str]:
+    """tritonserver's flags that lock its model-repository API (and the administrator's: logging,
+    trace, shared memory) to a header, as manifests/triton-deployment.yaml does (none for None).
+    Triton 2.51 takes `<categories>:<header>=<value>`; `model-repository,<header>=<value>` is
+    refused at start-up."""
+    if credential is None:
+        return []
+    header, value = credential
+    locked = f"model-repository,logging,trace,shared-memory:{header}={value}"
+    return [f"--http-restricted-api={locked}", f"--grpc-restricted-protocol={locked}"]
 
 
 def grpc_age_arguments(milliseconds: int | None) -> list[str]:
@@ -716,6 +744,13 @@ def grpc_age_arguments(milliseconds: int | None) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = _parser().parse_args(argv)
+    credential = None
+    if arguments.repository_header:
+        token = os.environ.get(REPOSITORY_TOKEN_ENV, "")
+        if not token:
+            print(f"--repository-header needs ${REPOSITORY_TOKEN_ENV}", file=sys.stderr)
+            return 2
+        credential = (arguments.repository_header, token)
     server = LocalTriton(
         model_repository=arguments.model_repository,
         models=arguments.models,
@@ -728,6 +763,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_directory=arguments.run_directory,
         log_to_console=arguments.run_directory is None,
         extra_arguments=grpc_age_arguments(arguments.grpc_max_connection_age_ms),
+        repository_credential=credential,
     )
     signal.signal(signal.SIGTERM, _request_stop)
     signal.signal(signal.SIGINT, _request_stop)

@@ -83,7 +83,9 @@ def application(
             )
         except repositories.RepositoryError as error:
             return web.json_response({"error": str(error)}, status=_status_of(error))
-        return web.json_response({"model": model, **found.to_json()})
+        # Never a credential the file carries: anything that reaches this port could read it.
+        served = repositories.without_credentials(found)
+        return web.json_response({"model": model, **served.to_json()})
 
     app = web.Application()
     app.router.add_get("/metrics", exposition.metrics_handler(registry))

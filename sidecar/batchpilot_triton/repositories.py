@@ -9,6 +9,11 @@ the sidecar's answer carries `RepositoryArguments` as JSON.
 
 A model name becomes a path, so it is checked first: a directory name as Triton names models,
 never `.`, `..` or anything with a separator, and the file read must lie inside the repository.
+
+A `model.json` may carry credentials (`hf_token`, an API key). The sidecar never serves them:
+anything that reaches its port could read them. It names what it withheld, and the operator then
+refuses the profile: the `model.json` it would write back through Triton's load request would lack
+them. Engines should take credentials from their environment (e.g. `HF_TOKEN`) instead.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ MODEL_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
 """A model name as a directory of the repository: no separators, not `.` or `..`, nothing a
 query or a path would have to escape. The CRD holds `spec.target.models` to it."""
 MODEL_NAME = re.compile(MODEL_NAME_PATTERN)
+CREDENTIAL_NAME = re.compile(r"token|secret|passw|credential|api_?key|auth", re.IGNORECASE)
+"""An engine argument whose name says it is a credential; its string values are never served."""
 
 
 class RepositoryError(Exception):
@@ -50,9 +57,12 @@ class RepositoryArguments:
     version: str
     """The version directory that holds `model.json`."""
     arguments: dict[str, Any]
+    withheld: tuple[str, ...] = ()
+    """The credentials left out of `arguments`, by their paths (`hf_token`, `a.api_key`)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"version": self.version, "arguments": self.arguments}
+        document = {"version": self.version, "arguments": self.arguments}
+        return {**document, "withheld": list(self.withheld)} if self.withheld else document
 
     @classmethod
     def from_json(cls, document: object) -> RepositoryArguments:
@@ -64,6 +74,14 @@ class RepositoryArguments:
             raise ValueError(f"version {version!r} is not a version directory's name")
         if not isinstance(arguments, dict):
             raise ValueError(f"arguments {arguments!r} are not a JSON object")
+        withheld = document.get("withheld") or []
+        if withheld:
+            names = ", ".join(str(name) for name in withheld)[:200]
+            raise ValueError(
+                f"its model.json carries credentials ({names}), which the sidecar does not serve "
+                "and batchpilot would have to write back through Triton's load request; give "
+                "the engine its credentials from the environment (e.g. HF_TOKEN) instead"
+            )
         return cls(version=version, arguments=arguments)
 
 
@@ -71,6 +89,25 @@ def is_version(name: str) -> bool:
     """Whether a directory name is a model version as Triton reads one: ASCII digits only
     (`str.isdigit` also takes '²' and '٣', which `int` refuses or reads as another number)."""
     return name.isascii() and name.isdigit()
+
+
+def without_credentials(found: RepositoryArguments) -> RepositoryArguments:
+    """The arguments fit to serve: every string under a credential's name taken out."""
+    withheld: list[str] = []
+
+    def kept(value: Any, path: str) -> Any:
+        if not isinstance(value, dict):
+            return value
+        inner: dict[str, Any] = {}
+        for key, item in value.items():
+            where = f"{path}{key}"
+            if CREDENTIAL_NAME.search(str(key)) and isinstance(item, str) and item:
+                withheld.append(where)
+            else:
+                inner[key] = kept(item, f"{where}.")
+        return inner
+
+    return RepositoryArguments(found.version, kept(found.arguments, ""), tuple(withheld))
 
 
 def check_model_name(model: str) -> str:

@@ -33,6 +33,8 @@ _LARGE_PAGES = concurrent.futures.ThreadPoolExecutor(
 
 # What Triton answers to a load or unload when it is not in explicit model-control mode.
 _NOT_EXPLICIT = "explicit model load / unload is not allowed"
+# What Triton answers to a restricted API's call that lacks the header, or has a wrong value.
+_RESTRICTED = "This API is restricted"
 
 
 class TritonError(Exception):
@@ -60,6 +62,11 @@ class LoadRejected(TritonError):
     """The server could not load the model with the given configuration."""
 
 
+class RepositoryLocked(TritonError):
+    """The server restricts its model-repository API, and refused the credential header sent
+    (or its absence): nothing was loaded or unloaded."""
+
+
 def host_port(url: str) -> str:
     """`host:port` of an HTTP endpoint given with or without a scheme (tritonclient's form)."""
     parts = urlsplit(url if "://" in url else f"http://{url}")
@@ -75,6 +82,13 @@ def default_metrics_url(url: str, port: int = endpoints.TRITON_METRICS_PORT) -> 
     return f"http://{host}:{port}/metrics"
 
 
+def _credential_summary(headers: Mapping[str, str]) -> str:
+    """Which header was sent, never its value."""
+    if not headers:
+        return "none was sent"
+    return "sent: " + ", ".join(sorted(headers))
+
+
 class TritonServer:
     """One Triton server, addressed by its HTTP endpoint. Use as an async context manager."""
 
@@ -87,6 +101,7 @@ class TritonServer:
         load_timeout: float = 300.0,
         liveness_interval: float = 5.0,
         liveness_misses: int = 3,
+        repository_headers: Mapping[str, str] | None = None,
     ) -> None:
         self.address = host_port(url)
         self.url = f"http://{self.address}"
@@ -97,6 +112,9 @@ class TritonServer:
         """How often a load or unload in progress checks that the server still answers."""
         self.liveness_misses = liveness_misses
         """Liveness checks missed in a row after which a load or unload is given up."""
+        self.repository_headers: dict[str, str] = dict(repository_headers or {})
+        """Sent on every model-repository call (index, load, unload): the credential of a
+        Triton started with --http-restricted-api=model-repository,<header>=<value>."""
         self._client: triton_http.InferenceServerClient | None = None
         self._session: aiohttp.ClientSession | None = None
         self._parsing: concurrent.futures.Future[scraping.Snapshot] | None = None
@@ -153,6 +171,13 @@ class TritonServer:
         except InferenceServerException as error:
             said = error.message() or str(error)
             message = responses.excerpt(said)
+            if _RESTRICTED in said:
+                raise RepositoryLocked(
+                    self.url,
+                    f"{what}: the server restricts its model-repository API and refused the "
+                    f"credential ({_credential_summary(self.repository_headers)}): check the "
+                    "header and value it was started with (--http-restricted-api)",
+                ) from None
             if _NOT_EXPLICIT in said:
                 raise ExplicitModeRequired(
                     self.url,
@@ -178,7 +203,8 @@ class TritonServer:
     async def repository_index(self) -> list[dict[str, Any]]:
         """Every model in the repository, with its state (READY, LOADING, UNLOADING, ...)."""
         index: list[dict[str, Any]] = await self._call(
-            "model index", self._triton().get_model_repository_index()
+            "model index",
+            self._triton().get_model_repository_index(headers=self.repository_headers),
         )
         return index
 
@@ -233,11 +259,11 @@ class TritonServer:
         request = (
             self._load_with_files(model, body, files)
             if files
-            else self._triton().load_model(model, config=body)
+            else self._triton().load_model(model, config=body, headers=self.repository_headers)
         )
         try:
             await self._while_live(f"load of {model}", request)
-        except (Unreachable, ExplicitModeRequired):
+        except (Unreachable, ExplicitModeRequired, RepositoryLocked):
             raise
         except TritonError as error:
             raise LoadRejected(self.url, error.message) from None
@@ -256,6 +282,7 @@ class TritonServer:
             session.post(
                 f"{self.url}/v2/repository/models/{quote(model, safe='')}/load",
                 json={"parameters": parameters},
+                headers=self.repository_headers,
             ) as response,
         ):
             if response.status != 200:
@@ -264,7 +291,10 @@ class TritonServer:
                 )
 
     async def unload(self, model: str) -> None:
-        await self._while_live(f"unload of {model}", self._triton().unload_model(model))
+        await self._while_live(
+            f"unload of {model}",
+            self._triton().unload_model(model, headers=self.repository_headers),
+        )
 
     async def statistics(self, model: str = "") -> list[dict[str, Any]]:
         """Triton's statistics extension for one model, or all (`GET v2/models[/NAME]/stats`):

@@ -41,6 +41,8 @@ class FakeServer:
     fail_with: Exception | None = None
     refuse: str | None = None
     unreachable: bool = False
+    repository_headers: dict[str, str] | None = None
+    """The credential its repository API is locked to (None: open)."""
 
 
 class FakeFleet:
@@ -54,6 +56,8 @@ class FakeFleet:
         """Unreachable servers answer as the real fleet's do while backing off."""
         self.held: dict[object, list[str]] = {}
         """The servers each holder (policy) governs, as last told."""
+        self.headers: dict[str, dict[str, str]] = {}
+        """The repository credential sent to each server, as its holder last gave it."""
 
     def _server(self, url: str) -> FakeServer:
         server = self.servers[url]
@@ -64,7 +68,11 @@ class FakeFleet:
         return server
 
     async def loaded_models(self, url: str) -> list[str]:
-        return list(self._server(url).models)
+        server = self._server(url)
+        locked = server.repository_headers
+        if locked is not None and self.headers.get(url) != locked:
+            raise servers.RepositoryLocked(url, "model index: the server refused the credential")
+        return list(server.models)
 
     async def runs(
         self, url: str, model: str, settings: rendering.Settings, *, profile: str
@@ -109,8 +117,15 @@ class FakeFleet:
     def server(self, url: str) -> servers.TritonServer:
         return servers.TritonServer(url)
 
-    async def hold(self, holder: object, urls: Sequence[str]) -> None:
+    async def hold(
+        self,
+        holder: object,
+        urls: Sequence[str],
+        *,
+        repository_headers: Mapping[str, str] | None = None,
+    ) -> None:
         self.held[holder] = sorted(urls)
+        self.headers.update({url: dict(repository_headers or {}) for url in urls})
 
     async def release(self, holder: object) -> None:
         self.held.pop(holder, None)

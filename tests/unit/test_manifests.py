@@ -18,6 +18,9 @@ from batchpilot.policy import documents
 REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "manifests"
 SAMPLES = sorted((MANIFESTS / "policies").glob("*.yaml"))
+# Triton's APIs the example locks to the header: the repository's (the operator's) and the
+# administrator's (log files, trace settings, shared-memory regions).
+LOCKED_APIS = "model-repository,logging,trace,shared-memory"
 
 
 def documents_of(path: Path) -> list[dict[str, Any]]:
@@ -130,7 +133,10 @@ def test_rbac_manifest_is_the_install_s_rbac() -> None:
         "create",
     }
     assert [key for key, granted in verbs.items() if "create" in granted] == [("", "events")]
-    assert ("", "secrets") not in verbs
+    # Secrets: only `get`, only the credential Secrets by name, never list or watch.
+    (secrets,) = [rule for rule in role["rules"] if "secrets" in rule["resources"]]
+    assert secrets["verbs"] == ["get"]
+    assert secrets["resourceNames"] == ["triton-repository-credential"]
 
 
 def test_triton_example_is_governable() -> None:
@@ -166,3 +172,36 @@ def test_triton_example_is_governable() -> None:
     }
     (service,) = kinds["Service"]
     assert service["spec"]["selector"] == {"app.kubernetes.io/name": "triton"}
+
+
+def test_triton_example_locks_its_model_repository_api_to_the_policies_credential() -> None:
+    (deployment,) = by_kind(MANIFESTS / "triton-deployment.yaml")["Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    (triton,) = [c for c in pod["containers"] if c["name"] == "triton"]
+    (token,) = [variable for variable in triton["env"] if "valueFrom" in variable]
+    reference = token["valueFrom"]["secretKeyRef"]
+    for path in SAMPLES:
+        credential = documents.parse_yaml_policy(path.read_text(), default_name="x").spec.target
+        assert credential.repository_credential is not None, path
+        named = credential.repository_credential
+        assert (named.secret_name, named.key) == (reference["name"], reference["key"]), path
+        value = f"{named.header}=$({token['name']})"
+        # HTTP and gRPC alike: either would otherwise load a model with its own model.py.
+        locked = f"{LOCKED_APIS}:{value}"
+        assert f"--http-restricted-api={locked}" in triton["args"]
+        assert f"--grpc-restricted-protocol={locked}" in triton["args"]
+    assert pod["automountServiceAccountToken"] is False
+
+
+@pytest.mark.parametrize("container", ["triton", "batchpilot-sidecar"])
+def test_triton_example_containers_run_restricted(container: str) -> None:
+    (deployment,) = by_kind(MANIFESTS / "triton-deployment.yaml")["Deployment"]
+    (found,) = [
+        c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == container
+    ]
+    security = found["securityContext"]
+    assert security["runAsNonRoot"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 
@@ -85,6 +86,33 @@ async def test_an_answer_that_is_no_engine_arguments_refuses_the_profile(
     app.router.add_get("/v1/models/{model}/engine-arguments", wrong)
     sidecar = await serve_app(app)
     with pytest.raises(engines.EngineArgumentsUnavailable, match="not a version directory's name"):
+        await pod_repositories.SidecarEngineArguments().repository_arguments(pod(sidecar), MODEL)
+
+
+async def test_credentials_in_the_model_json_are_never_served_and_refuse_the_profile(
+    tmp_path: Path, serve_app: ServeApp
+) -> None:
+    repository = tmp_path / "models"
+    (repository / MODEL / "1").mkdir(parents=True)
+    token = "hf_Abc123SecretValue"
+    carried = {
+        **REPOSITORY_ARGUMENTS,
+        "hf_token": token,
+        "hf_overrides": {"api_key": token, "rope_theta": 10000},
+        "trust_remote_code": False,
+    }
+    (repository / MODEL / "1" / "model.json").write_text(json.dumps(carried))
+    app = serving.application(make_collector(FakeTriton(), Clock(), model_repository=repository))
+    sidecar = await serve_app(app)
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(pod_repositories.engine_arguments_url(sidecar, MODEL)) as response,
+    ):
+        page = await response.text()
+    assert token not in page
+    assert json.loads(page)["withheld"] == ["hf_token", "hf_overrides.api_key"]
+    assert json.loads(page)["arguments"]["hf_overrides"] == {"rope_theta": 10000}
+    with pytest.raises(engines.EngineArgumentsUnavailable, match=r"carries credentials \(hf_to"):
         await pod_repositories.SidecarEngineArguments().repository_arguments(pod(sidecar), MODEL)
 
 

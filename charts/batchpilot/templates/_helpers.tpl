@@ -64,3 +64,31 @@ app.kubernetes.io/part-of: batchpilot
 {{- define "batchpilot.namespaceOf" -}}
 {{- default .root.Release.Namespace .namespace }}
 {{- end }}
+
+{{/* The operator's rules, the same in the ClusterRole (every namespace) and in each Role
+(operator.namespaces). Secrets: only `get`, only of the names repositoryCredentials.secretNames
+lists (the Triton credential a policy names); never list or watch. */}}
+{{- define "batchpilot.operatorRules" -}}
+- apiGroups: [batchpilot.dev]
+  resources: [batchpolicies]
+  verbs: [get, list, watch, patch]
+- apiGroups: [batchpilot.dev]
+  resources: [batchpolicies/status]
+  verbs: [get, patch]
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch]
+- apiGroups: [""]
+  resources: [pods/status]
+  verbs: [patch]
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+{{- with .Values.repositoryCredentials.secretNames }}
+- apiGroups: [""]
+  resources: [secrets]
+  resourceNames:
+    {{- toYaml . | nindent 4 }}
+  verbs: [get]
+{{- end }}
+{{- end }}

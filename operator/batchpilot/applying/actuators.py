@@ -102,7 +102,7 @@ async def apply_profile(
         await server.load(model, wanted.config, files=wanted.files)
         sent = True
         await _verify(server, model, wanted, within=verify_timeout)
-    except servers.ExplicitModeRequired as error:
+    except (servers.ExplicitModeRequired, servers.RepositoryLocked) as error:
         if not sent:
             raise  # refused before anything changed
         raise ApplyFailed(

@@ -6,7 +6,7 @@ anyone else's rollout."""
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Collection, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -45,11 +45,16 @@ class TritonFleet:
         self._clock = clock
         self._backoffs: dict[str, tuple[backoffs.Backoff, str]] = {}
         self._holders: dict[Hashable, frozenset[str]] = {}
+        self._repository_headers: dict[str, dict[str, str]] = {}
+        """Per URL, the credential its holder sends on model-repository calls."""
 
     def server(self, url: str) -> servers.TritonServer:
         if url not in self._servers:
             self._servers[url] = servers.TritonServer(
-                url, request_timeout=self._request_timeout, load_timeout=self._load_timeout
+                url,
+                request_timeout=self._request_timeout,
+                load_timeout=self._load_timeout,
+                repository_headers=self._repository_headers.get(url),
             )
         return self._servers[url]
 
@@ -57,9 +62,20 @@ class TritonFleet:
         """Use this client for its URL (the runner's servers carry their own metrics URLs)."""
         self._servers[server.url] = server
 
-    async def hold(self, holder: Hashable, urls: Collection[str]) -> None:
-        """`holder` (a policy) governs these servers now: clients nobody holds are closed."""
+    async def hold(
+        self,
+        holder: Hashable,
+        urls: Collection[str],
+        *,
+        repository_headers: Mapping[str, str] | None = None,
+    ) -> None:
+        """`holder` (a policy) governs these servers now, with this credential for their
+        model-repository calls: clients nobody holds are closed."""
         self._holders[holder] = frozenset(urls)
+        for url in urls:
+            self._repository_headers[url] = dict(repository_headers or {})
+            if url in self._servers:
+                self._servers[url].repository_headers = dict(repository_headers or {})
         await self._close_unheld()
 
     async def release(self, holder: Hashable) -> None:
@@ -77,6 +93,7 @@ class TritonFleet:
             # Several policies may release at once; the first one closes the client.
             server = self._servers.pop(url, None)
             self._backoffs.pop(url, None)
+            self._repository_headers.pop(url, None)
             if server is not None:
                 await server.close()
 

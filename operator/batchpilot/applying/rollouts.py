@@ -50,6 +50,7 @@ ApplyError = Literal[
     "rollback_failed",
     "explicit_mode_required",
     "model_unavailable",
+    "credential_refused",
     "failed",
 ]
 """Why applying to a replica failed: the `reason` label of `batchpilot_apply_errors_total`."""
@@ -68,6 +69,8 @@ def error_of(failure: Exception) -> ApplyError:
         return "explicit_mode_required"
     if isinstance(failure, servers.ModelUnavailable):
         return "model_unavailable"
+    if isinstance(failure, servers.RepositoryLocked):
+        return "credential_refused"
     return "failed"
 
 
@@ -229,6 +232,13 @@ async def roll_out(
         for r in replicas
         if r.name in survey.unreachable
     ]
+    locked = [
+        r for r in replicas if isinstance(survey.unreachable.get(r.name), servers.RepositoryLocked)
+    ]
+    for replica in locked:
+        # It serves, and nothing was changed: a refused credential must not keep it out.
+        if replica.gated and replica.gate != "True":
+            await _open_gate(replica, plan, gates, reason="CredentialRefused")
     behind: list[Replica] = []
     failures = 0
     for replica in replicas:
@@ -245,7 +255,8 @@ async def roll_out(
         failures += outcome.state in ("Failed", "Unreachable")
     limit = plan.rollout.max_unavailable
     halted = False
-    out = set(survey.unreachable)  # not serving, whatever their gates say
+    # Not serving, whatever their gates say; a refused credential's do (nothing changed).
+    out = set(survey.unreachable) - {replica.name for replica in locked}
     # Gated replicas left out of their Services that this pass did not bring back.
     out |= {
         outcome.replica.name
@@ -388,6 +399,8 @@ def serving_reason(failure: BaseException) -> str | None:
         return "RolledBack" if failure.rolled_back else None
     if isinstance(failure, actuators.NotApplied | servers.ExplicitModeRequired):
         return "NotApplied"
+    if isinstance(failure, servers.RepositoryLocked):
+        return "CredentialRefused"  # refused before anything changed
     return None
 
 

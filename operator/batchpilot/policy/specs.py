@@ -293,6 +293,36 @@ class LabelSelector(Model):
     """Requirements a Pod must meet, all of them."""
 
 
+DEFAULT_REPOSITORY_HEADER = "batchpilot-repository-token"
+
+
+class RepositoryCredential(Model):
+    """The credential of a Triton whose model-repository API is restricted
+    (`--http-restricted-api=model-repository,<header>=<value>` and
+    `--grpc-restricted-protocol=model-repository,<header>=<value>`): a header the operator sends
+    on every repository call (index, load, unload), its value read from a Secret in the
+    policy's own namespace."""
+
+    secret_name: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=253,
+            pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+        ),
+    ]
+    """The Secret, in the policy's namespace, that holds the header's value. The operator may
+    read only the Secrets its installation names (the chart's
+    `repositoryCredentials.secretNames`)."""
+    key: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")] = "token"
+    """The Secret's data key that holds the value."""
+    header: Annotated[
+        str, Field(min_length=1, max_length=64, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    ] = DEFAULT_REPOSITORY_HEADER
+    """The header's name, lower case (gRPC metadata keys are): the `<header>` in Triton's
+    restricted-API flags."""
+
+
 class Target(Model):
     """Which Triton servers and models the policy governs."""
 
@@ -313,6 +343,10 @@ class Target(Model):
     ] = []
     """Names of the Triton models to govern (as the model repository's directories name them:
     letters, digits, '_', '.', '-'); empty means every model the server has loaded."""
+    repository_credential: RepositoryCredential | None = None
+    """The credential for Triton servers whose model-repository API is restricted to a header
+    (recommended: an open repository API lets anything that reaches Triton load code into it).
+    Without it, no header is sent."""
 
     cross_field_rules = (
         validations.CrossFieldRule(

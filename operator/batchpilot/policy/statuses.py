@@ -24,6 +24,7 @@ ConditionType = Literal[
     "LeadTimeInsufficient",
     "DrainIneffective",
     "PodsContested",
+    "CredentialRefused",
 ]
 TargetState = Literal["Updated", "Pending", "Draining", "Applying", "Failed", "Unreachable"]
 
@@ -33,7 +34,8 @@ class Condition(Model):
 
     type: Annotated[str, Field(max_length=64)]
     """Ready, Progressing, Degraded, InvalidSpec, SignalsUnavailable, LeadTimeInsufficient,
-    DrainIneffective or PodsContested (Pods it selects that an older policy governs)."""
+    DrainIneffective, PodsContested (Pods it selects that an older policy governs) or
+    CredentialRefused."""
     status: Literal["True", "False", "Unknown"]
     """Whether the condition holds."""
     reason: Annotated[str, Field(max_length=128)] = ""
@@ -106,7 +108,7 @@ class BatchPolicyStatus(Model):
         max_length=16,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
-    """Ready, Progressing, Degraded, InvalidSpec, SignalsUnavailable, LeadTimeInsufficient and
-    DrainIneffective."""
+    """Ready, Progressing, Degraded, InvalidSpec, SignalsUnavailable, LeadTimeInsufficient,
+    DrainIneffective and CredentialRefused."""
     observed_generation: int | None = None
     """The spec generation this status describes."""

@@ -1,0 +1,117 @@
+"""What the chart renders for the operator's access: its RBAC (cluster-wide, or namespaced Roles
+when it serves some namespaces; Secrets only by name, only `get`) and the NetworkPolicy of the
+Triton Pods' sidecars. e2e/test_chart.py has a real API server accept the same renderings.
+
+Needs helm, from `make k8s-bins`, like tests/test_generated.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+from e2e import charts
+
+RELEASE_NAMESPACE = "batchpilot-system"
+
+
+@pytest.fixture(autouse=True)
+def _helm() -> None:
+    if not charts.helm_binary().exists():
+        pytest.fail(f"no helm at {charts.helm_binary()}: run `make k8s-bins`")
+
+
+def render(*sets: str) -> list[dict[str, Any]]:
+    arguments = [argument for value in sets for argument in ("--set", value)]
+    manifest = charts.template(*arguments, namespace=RELEASE_NAMESPACE)
+    return [document for document in yaml.safe_load_all(manifest) if document]
+
+
+def of_kind(documents: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [document for document in documents if document["kind"] == kind]
+
+
+def secret_rules(role: dict[str, Any]) -> list[dict[str, Any]]:
+    return [rule for rule in role["rules"] if "secrets" in rule["resources"]]
+
+
+@pytest.mark.timeout(60)
+def test_serving_some_namespaces_the_operator_gets_roles_there_and_nothing_cluster_wide() -> None:
+    documents = render("operator.namespaces={team-a,team-b}")
+    assert of_kind(documents, "ClusterRole") == []
+    assert of_kind(documents, "ClusterRoleBinding") == []
+    roles = of_kind(documents, "Role")
+    bindings = of_kind(documents, "RoleBinding")
+    assert sorted(role["metadata"]["namespace"] for role in roles) == ["team-a", "team-b"]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    (account,) = of_kind(documents, "ServiceAccount")
+    for binding in bindings:
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": roles[0]["metadata"]["name"],
+        }
+        assert binding["subjects"] == [
+            {
+                "kind": "ServiceAccount",
+                "name": account["metadata"]["name"],
+                "namespace": RELEASE_NAMESPACE,
+            }
+        ]
+    for role in roles:
+        resources = {resource for rule in role["rules"] for resource in rule["resources"]}
+        assert "clusterkopfpeerings" not in resources
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("namespaces", [(), ("team-a",)])
+def test_the_operator_may_get_only_the_named_credential_secrets(
+    namespaces: tuple[str, ...],
+) -> None:
+    served = [f"operator.namespaces={{{','.join(namespaces)}}}"] if namespaces else []
+    documents = render(*served)
+    roles = of_kind(documents, "Role" if namespaces else "ClusterRole")
+    assert roles
+    for role in roles:
+        assert secret_rules(role) == [
+            {
+                "apiGroups": [""],
+                "resources": ["secrets"],
+                "resourceNames": ["triton-repository-credential"],
+                "verbs": ["get"],
+            }
+        ]
+    none = render(*served, "repositoryCredentials.secretNames=null")
+    for role in of_kind(none, "Role" if namespaces else "ClusterRole"):
+        assert secret_rules(role) == []
+
+
+@pytest.mark.timeout(60)
+def test_the_sidecar_network_policy_admits_only_the_operator_and_prometheus() -> None:
+    documents = render("operator.namespaces={team-a}", "sidecarNetworkPolicy.enabled=true")
+    (policy,) = [
+        p for p in of_kind(documents, "NetworkPolicy") if p["metadata"]["name"].endswith("sidecars")
+    ]
+    assert policy["metadata"]["namespace"] == "team-a"
+    assert policy["spec"]["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "triton"}}
+    serving, restricted = policy["spec"]["ingress"]
+    assert "from" not in serving  # inference stays open to every client
+    assert [port["port"] for port in serving["ports"]] == [8000, 8001]
+    assert [port["port"] for port in restricted["ports"]] == [9400, 8002]
+    (deployment,) = of_kind(documents, "Deployment")
+    operator_labels = deployment["spec"]["selector"]["matchLabels"]
+    operator, prometheus = restricted["from"]
+    assert operator == {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": RELEASE_NAMESPACE}},
+        "podSelector": {"matchLabels": operator_labels},
+    }
+    assert prometheus["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}
+
+
+@pytest.mark.timeout(60)
+def test_the_sidecar_network_policy_needs_the_triton_namespaces() -> None:
+    rendered = charts.helm(
+        "template", "x", str(charts.CHART), "--set", "sidecarNetworkPolicy.enabled=true"
+    )
+    assert rendered.returncode != 0
+    assert "sidecarNetworkPolicy.namespaces or operator.namespaces" in rendered.stderr
