@@ -180,7 +180,7 @@ def test_the_runner_reads_the_credential_from_a_file_never_its_command_line(
     token_file.write_text(TOKEN + "\n", encoding="utf-8")
     runner = run_command_until(
         "apiVersion: batchpilot.dev/v1alpha1\nkind: BatchPolicy\nmetadata: {name: cli}\n"
-        "spec:\n  target: {selector: {}, models: [gpu_sim]}\n"
+        "spec:\n  target: {selector: {matchLabels: {app: triton}}, models: [gpu_sim]}\n"
         "  profiles: {bulk: {maxQueueDelayMicroseconds: 20000, preferredBatchSizes: [32]}}\n"
         "  defaultProfile: bulk\n",
         [

@@ -26,7 +26,10 @@ TOKEN = "7f3c9a1e5b"
 HEADER = {specs.DEFAULT_REPOSITORY_HEADER: TOKEN}
 CREDENTIAL = specs.RepositoryCredential.model_validate({"secretName": "triton-credential"})
 LOCKED_SPEC = spec_document(
-    target={"selector": {}, "repositoryCredential": {"secretName": "triton-credential"}}
+    target={
+        "selector": {"matchLabels": {"app": "triton"}},
+        "repositoryCredential": {"secretName": "triton-credential"},
+    }
 )
 
 
@@ -146,11 +149,19 @@ async def test_a_credential_triton_refuses_leaves_every_pod_serving_and_in_its_s
 
 def test_the_credential_is_optional_and_its_header_is_a_lower_case_token() -> None:
     parsed = specs.Target.model_validate(
-        {"selector": {}, "repositoryCredential": {"secretName": "triton-credential"}}
+        {
+            "selector": {"matchLabels": {"app": "triton"}},
+            "repositoryCredential": {"secretName": "triton-credential"},
+        }
     )
     assert parsed.repository_credential == CREDENTIAL
     assert (CREDENTIAL.key, CREDENTIAL.header) == ("token", "batchpilot-repository-token")
-    assert specs.Target.model_validate({"selector": {}}).repository_credential is None
+    assert (
+        specs.Target.model_validate(
+            {"selector": {"matchLabels": {"app": "triton"}}}
+        ).repository_credential
+        is None
+    )
     for bad in ({"secretName": "Other/ns"}, {"secretName": "x", "header": "X-Token"}):
         with pytest.raises(pydantic.ValidationError):
             specs.RepositoryCredential.model_validate(bad)
