@@ -343,9 +343,16 @@ def test_the_runner_command_autotunes_from_a_sidecar(
     recommended = found[
         (
             "batchpilot_signal",
-            (("metric", "recommendedQueueDelayMicroseconds"), ("policy", "tuned")),
+            (
+                ("metric", "recommendedQueueDelayMicroseconds"),
+                ("policy", "tuned"),
+                ("policy_namespace", ""),
+            ),
         )
     ]
-    applied = found[("batchpilot_queue_delay_microseconds", (("policy", "tuned"),))]
+    # A policy file without metadata.namespace: its series carry an empty policy_namespace.
+    applied = found[
+        ("batchpilot_queue_delay_microseconds", (("policy", "tuned"), ("policy_namespace", "")))
+    ]
     # An idle model makes batches of one: the delay is what the objective leaves after one step.
     assert 100 <= applied == round(recommended) < 30_000
