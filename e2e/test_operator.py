@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -534,6 +535,16 @@ def test_two_replicas_with_peering_leave_exactly_one_active(
     assert "fleet: bulk -> interactive" in first.log
 
 
+def _routed(host: podnetwork.Host, url: str) -> bool:
+    """Whether a request through kube-proxy is answered at all: its rules follow the Service's
+    endpoints a moment after they are ready, and until then the Service range is unreachable."""
+    argv = [sys.executable, "-c", "import socket, sys; socket.create_connection(sys.argv[1:3], 2)"]
+    split = urllib.parse.urlsplit(url)
+    argv += [str(split.hostname), str(split.port)]
+    done = subprocess.run(host.exec_argv(argv), capture_output=True, text=True, timeout=20)
+    return done.returncode == 0
+
+
 def _through(host: podnetwork.Host, url: str, *, body: str | None = None) -> int:
     """The HTTP status of a request from the client host's namespace (through kube-proxy)."""
     script = (
@@ -605,6 +616,9 @@ def test_a_locked_triton_switches_only_with_the_policys_credential_through_the_s
     )
     service = f"http://{service_ip}:{endpoints.TRITON_HTTP_PORT}"
     load = f"{service}/v2/repository/models/{fleet.MODEL}/load"
+    waiting.wait_for(
+        "kube-proxy routing the Service", lambda: _routed(client_host, service), timeout=20
+    )
     assert _through(client_host, load, body="{}") == 403
     infer = (
         '{"inputs": [{"name": "INPUT", "shape": [1, 16], "datatype": "FP32", '
@@ -620,5 +634,8 @@ def test_a_locked_triton_switches_only_with_the_policys_credential_through_the_s
         "both Pods behind the Service again",
         lambda: fleet.ready_endpoints(kube, namespace, "triton") == set(ips.values()),
         timeout=30,
+    )
+    waiting.wait_for(
+        "kube-proxy routing the Service", lambda: _routed(client_host, service), timeout=20
     )
     assert _through(client_host, load, body="{}") == 403
