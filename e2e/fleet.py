@@ -3,6 +3,7 @@ on kind, by the kubelet from the images that `python -m e2e.kind up` built."""
 
 import contextlib
 import copy
+import datetime
 import json
 import os
 import urllib.error
@@ -39,6 +40,20 @@ BASE_SPEC: dict[str, Any] = {
     "rollout": {"maxUnavailable": 2},
 }
 """The spec of the e2e tests' policies over the Pods `start_tritons` starts, bulk by default."""
+
+
+def interactive_window() -> tuple[datetime.datetime, dict[str, str]]:
+    """A schedule window of `interactive` opening at a minute boundary at least 50 s away (time
+    for a fleet to settle on bulk and for a lead to start its rollout first), and when it opens."""
+    now = datetime.datetime.now(datetime.UTC)
+    opens = (now + datetime.timedelta(seconds=50)).replace(second=0, microsecond=0)
+    opens += datetime.timedelta(minutes=1)
+    window = {
+        "profile": "interactive",
+        "start": opens.strftime("%H:%M"),
+        "end": (opens + datetime.timedelta(minutes=10)).strftime("%H:%M"),
+    }
+    return opens, window
 
 
 def policy(name: str = "fleet", **spec: Any) -> dict[str, Any]:

@@ -153,14 +153,7 @@ def test_a_hostile_tenant_delays_no_other_policy_and_cannot_exhaust_the_operator
             ),
         )
 
-        now = datetime.datetime.now(datetime.UTC)
-        opens = (now + datetime.timedelta(seconds=50)).replace(second=0, microsecond=0)
-        opens += datetime.timedelta(minutes=1)
-        window = {
-            "profile": "interactive",
-            "start": opens.strftime("%H:%M"),
-            "end": (opens + datetime.timedelta(minutes=10)).strftime("%H:%M"),
-        }
+        opens, window = fleet.interactive_window()
         victim_target = {
             **fleet.BASE_SPEC["target"],
             "selector": {"matchLabels": {"app": "victim"}},

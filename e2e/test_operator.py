@@ -77,14 +77,7 @@ def test_schedule_window_is_in_force_on_every_target_when_it_opens(
         lead_time: fleet.start_tritons(kube, namespace, 2, labels={"app": app}, prefix=app)
         for lead_time, app in FLEET_OF_LEAD.items()
     }
-    now = datetime.datetime.now(datetime.UTC)
-    opens = (now + datetime.timedelta(seconds=50)).replace(second=0, microsecond=0)
-    opens += datetime.timedelta(minutes=1)
-    window = {
-        "profile": "interactive",
-        "start": opens.strftime("%H:%M"),
-        "end": (opens + datetime.timedelta(minutes=10)).strftime("%H:%M"),
-    }
+    opens, window = fleet.interactive_window()
     start_operator(interval=interval)
     rollout_starts: dict[str, datetime.datetime] = {}
     for lead_time, ips in fleets.items():
