@@ -78,3 +78,57 @@ def test_selector_string_speaks_the_api_query_syntax() -> None:
         }
     )
     assert pods.selector_string(selector) == "app=triton,tier=gpu,zone in (a,b),!canary"
+
+
+def gated_pod(opened: str, *containers: dict[str, Any]) -> dict[str, Any]:
+    """A gated Pod whose gate turned True at `opened`, with these container statuses."""
+    found = pod(
+        "g",
+        gates=[{"conditionType": pods.GATE}],
+        conditions=[{"type": pods.GATE, "status": "True", "lastTransitionTime": opened}],
+    )
+    found["spec"]["containers"].append({"name": "batchpilot-sidecar", "ports": []})
+    found["status"]["containerStatuses"] = list(containers)
+    return found
+
+
+def running(name: str, started: str, restarts: int = 0) -> dict[str, Any]:
+    return {"name": name, "restartCount": restarts, "state": {"running": {"startedAt": started}}}
+
+
+def test_a_serving_container_started_after_the_gate_opened_makes_the_gate_stale() -> None:
+    restarted = gated_pod(
+        "2026-11-26T15:00:00Z",
+        running("triton", "2026-11-26T15:00:01Z", restarts=1),
+        running("batchpilot-sidecar", "2026-11-26T14:59:00Z"),
+    )
+    (found,), _ = pods.replicas_from_pods([restarted], target_spec(port="http"))
+    assert found.gate == "True"
+    assert found.restarted == "container triton restarted at 2026-11-26T15:00:01Z"
+
+
+def test_a_container_that_started_before_the_gate_opened_leaves_it_standing() -> None:
+    serving = gated_pod(
+        "2026-11-26T15:00:00Z",
+        running("triton", "2026-11-26T14:58:00Z"),
+        # The sidecar restarting does not touch Triton's configuration.
+        running("batchpilot-sidecar", "2026-11-26T15:05:00Z", restarts=3),
+    )
+    (found,), _ = pods.replicas_from_pods([serving], target_spec(port="http"))
+    assert found.restarted is None
+
+
+def test_a_serving_container_that_is_not_running_makes_the_gate_stale() -> None:
+    crashed = gated_pod(
+        "2026-11-26T15:00:00Z",
+        {"name": "triton", "restartCount": 2, "state": {"waiting": {"reason": "CrashLoopBackOff"}}},
+    )
+    (found,), _ = pods.replicas_from_pods([crashed], target_spec(port="http"))
+    assert found.restarted == "container triton is not running (CrashLoopBackOff)"
+
+
+def test_only_an_open_gate_can_be_stale() -> None:
+    closed = gated_pod("2026-11-26T15:00:00Z", running("triton", "2026-11-26T15:00:09Z"))
+    closed["status"]["conditions"][0]["status"] = "False"
+    (found,), _ = pods.replicas_from_pods([closed], target_spec(port="http"))
+    assert found.restarted is None

@@ -3,6 +3,8 @@ the halt, and the one mapping from what went wrong to the reason it is reported 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from operator_fakes import FakeFleet, FakeGates, FakeServer, target
 
@@ -92,6 +94,46 @@ async def test_up_to_date_replica_with_a_closed_gate_gets_it_opened() -> None:
     result = await roll_out([stuck], fleet, gates)
     assert result.outcomes[0].state == "Updated"
     assert gates.changes == [("triton-0", True, "ConfigApplied")]
+
+
+@pytest.mark.looptime
+async def test_a_restarted_container_s_gate_closes_first_and_opens_once_the_profile_is_back() -> (
+    None
+):
+    # Triton came back with its repository's configuration: the kubelet would make the Pod
+    # Ready on it as soon as Triton answers its probe.
+    restarted = dataclasses.replace(
+        target("triton-0", gated=True, gate="True"), restarted="container triton restarted at T"
+    )
+    fleet = fleet_for([restarted])
+    gates = FakeGates(fleet)
+    result = await roll_out([restarted], fleet, gates)
+    assert result.outcomes[0].state == "Updated"
+    assert gates.changes == [
+        ("triton-0", False, "ContainerRestarted"),
+        ("triton-0", False, "Switching"),
+        ("triton-0", True, "ConfigApplied"),
+    ]
+    assert result.restarts == (
+        "pod triton-0: container triton restarted at T; out of its Services until it serves "
+        "interactive",
+    )
+
+
+@pytest.mark.looptime
+async def test_a_restarted_container_that_does_not_answer_yet_stays_out_of_its_services() -> None:
+    restarted = dataclasses.replace(
+        target("triton-0", gated=True, gate="True"), restarted="container triton is not running"
+    )
+    serving = target("triton-1", gated=True, gate="True")
+    fleet = FakeFleet(
+        {restarted.http_url: FakeServer(unreachable=True), serving.http_url: FakeServer()}
+    )
+    gates = FakeGates()
+    result = await roll_out([restarted, serving], fleet, gates, maxUnavailable=1)
+    assert [o.state for o in result.outcomes] == ["Unreachable", "Pending"]
+    # Closed and left closed; the dead Pod fills the budget, so the other one keeps serving.
+    assert gates.changes == [("triton-0", False, "ContainerRestarted")]
 
 
 @pytest.mark.looptime

@@ -28,6 +28,10 @@ class Replica:
     """What the replica is, in messages: "pod" or "server"."""
     labels: tuple[tuple[str, str], ...] = ()
     """The Pod's labels, sorted (none for the runner's servers): which policies select it."""
+    restarted: str | None = None
+    """Why an open gate no longer vouches for the Pod's configuration: the container serving
+    Triton restarted (or stopped) after batchpilot opened it, so Triton came back with its
+    repository's configuration. None when it has not."""
 
     @property
     def title(self) -> str:
