@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from batchpilot.applying.replicas import ServingContainer
 from batchpilot.kube import pods
 from batchpilot.policy import specs
 
@@ -80,55 +81,41 @@ def test_selector_string_speaks_the_api_query_syntax() -> None:
     assert pods.selector_string(selector) == "app=triton,tier=gpu,zone in (a,b),!canary"
 
 
-def gated_pod(opened: str, *containers: dict[str, Any]) -> dict[str, Any]:
-    """A gated Pod whose gate turned True at `opened`, with these container statuses."""
-    found = pod(
-        "g",
-        gates=[{"conditionType": pods.GATE}],
-        conditions=[{"type": pods.GATE, "status": "True", "lastTransitionTime": opened}],
-    )
+def triton_and_sidecar(*statuses: dict[str, Any]) -> dict[str, Any]:
+    """A gated Pod whose Triton (http) and sidecar report these container statuses."""
+    found = pod("g", gates=[{"conditionType": pods.GATE}])
     found["spec"]["containers"].append({"name": "batchpilot-sidecar", "ports": []})
-    found["status"]["containerStatuses"] = list(containers)
+    found["status"]["containerStatuses"] = list(statuses)
     return found
 
 
-def running(name: str, started: str, restarts: int = 0) -> dict[str, Any]:
-    return {"name": name, "restartCount": restarts, "state": {"running": {"startedAt": started}}}
-
-
-def test_a_serving_container_started_after_the_gate_opened_makes_the_gate_stale() -> None:
-    restarted = gated_pod(
-        "2026-11-26T15:00:00Z",
-        running("triton", "2026-11-26T15:00:01Z", restarts=1),
-        running("batchpilot-sidecar", "2026-11-26T14:59:00Z"),
-    )
+def test_the_replica_names_the_run_of_the_container_serving_triton() -> None:
+    restarted = triton_and_sidecar(
+        {"name": "batchpilot-sidecar", "containerID": "containerd://s1", "state": {"running": {}}},
+        {"name": "triton", "containerID": "containerd://t2", "restartCount": 1,
+         "state": {"running": {"startedAt": "2026-11-26T15:00:01Z"}}},
+    )  # fmt: skip
     (found,), _ = pods.replicas_from_pods([restarted], target_spec(port="http"))
-    assert found.gate == "True"
-    assert found.restarted == "container triton restarted at 2026-11-26T15:00:01Z"
+    assert found.serving == ServingContainer(name="triton", run="containerd://t2")
 
 
-def test_a_container_that_started_before_the_gate_opened_leaves_it_standing() -> None:
-    serving = gated_pod(
-        "2026-11-26T15:00:00Z",
-        running("triton", "2026-11-26T14:58:00Z"),
-        # The sidecar restarting does not touch Triton's configuration.
-        running("batchpilot-sidecar", "2026-11-26T15:05:00Z", restarts=3),
+def test_without_a_container_id_the_restart_count_and_start_time_name_the_run() -> None:
+    # kwok's Pods, for one, carry no container IDs.
+    started = triton_and_sidecar(
+        {"name": "triton", "restartCount": 3, "state": {"running": {"startedAt": "T"}}}
     )
-    (found,), _ = pods.replicas_from_pods([serving], target_spec(port="http"))
-    assert found.restarted is None
+    (found,), _ = pods.replicas_from_pods([started], target_spec(port="http"))
+    assert found.serving == ServingContainer(name="triton", run="3@T")
 
 
-def test_a_serving_container_that_is_not_running_makes_the_gate_stale() -> None:
-    crashed = gated_pod(
-        "2026-11-26T15:00:00Z",
-        {"name": "triton", "restartCount": 2, "state": {"waiting": {"reason": "CrashLoopBackOff"}}},
+def test_a_serving_container_that_is_not_running_has_no_run_and_says_why() -> None:
+    crashed = triton_and_sidecar(
+        {"name": "triton", "restartCount": 2, "state": {"waiting": {"reason": "CrashLoopBackOff"}}}
     )
     (found,), _ = pods.replicas_from_pods([crashed], target_spec(port="http"))
-    assert found.restarted == "container triton is not running (CrashLoopBackOff)"
+    assert found.serving == ServingContainer(name="triton", run="", stopped="CrashLoopBackOff")
 
 
-def test_only_an_open_gate_can_be_stale() -> None:
-    closed = gated_pod("2026-11-26T15:00:00Z", running("triton", "2026-11-26T15:00:09Z"))
-    closed["status"]["conditions"][0]["status"] = "False"
-    (found,), _ = pods.replicas_from_pods([closed], target_spec(port="http"))
-    assert found.restarted is None
+def test_a_pod_that_reports_no_container_statuses_says_nothing_of_its_serving_container() -> None:
+    (found,), _ = pods.replicas_from_pods([triton_and_sidecar()], target_spec(port="http"))
+    assert found.serving is None

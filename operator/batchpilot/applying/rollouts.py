@@ -298,6 +298,44 @@ async def roll_out(
     return Result(_ordered(settled, replicas), halted, seconds, restarts=restarts)
 
 
+def mark_restarted(replicas: Sequence[Replica], vouched: Mapping[str, str]) -> list[Replica]:
+    """The replicas, each open gate whose Pod's serving container is no longer the run
+    `vouched` for it (by Pod name) marked as restarted. Runs are the runtime's own identities,
+    so no clock of the operator's is compared with a node's."""
+    marked = []
+    for replica in replicas:
+        known, serving = vouched.get(replica.name), replica.serving
+        if (
+            replica.gated
+            and replica.gate == "True"
+            and serving
+            and known not in (None, serving.run)
+        ):
+            replica = dataclasses.replace(
+                replica,
+                restarted=f"container {serving.name} restarted"
+                if serving.run
+                else f"container {serving.name} is not running ({serving.stopped})",
+            )
+        marked.append(replica)
+    return marked
+
+
+def vouched_after(result: Result, vouched: Mapping[str, str]) -> dict[str, str]:
+    """The runs to vouch for after a pass: a gated replica the pass left open on the profile
+    vouches for the run it was read with; the others keep what was known (a Pod gone is
+    forgotten)."""
+    kept = {}
+    for outcome in result.outcomes:
+        replica = outcome.replica
+        if replica.gated and replica.serving is not None:
+            if outcome.state == "Updated" and not outcome.left_out and replica.serving.run:
+                kept[replica.name] = replica.serving.run
+            elif replica.name in vouched:
+                kept[replica.name] = vouched[replica.name]
+    return kept
+
+
 async def _close_restarted(
     replicas: Sequence[Replica], plan: Plan, gates: Gates
 ) -> tuple[list[Replica], tuple[str, ...]]:
@@ -310,7 +348,10 @@ async def _close_restarted(
     notes: list[str] = []
     for replica in replicas:
         if replica.gated and replica.gate == "True" and replica.restarted:
-            message = f"{replica.restarted}; out of its Services until it serves {plan.profile}"
+            message = (
+                f"{replica.restarted} since it last served {plan.profile}; out of its Services "
+                "until it does again"
+            )
             try:
                 await gates.set_gate(
                     plan.namespace,

@@ -6,11 +6,9 @@ port); the sidecar's is found the same way. A Pod opts into hitless switching wi
 readiness gate `batchpilot.dev/config-applied`: while batchpilot holds that condition False the
 Pod is not Ready, so Services stop sending it requests.
 
-An open gate vouches for the configuration batchpilot applied. When the container serving
-Triton restarts after that (a crash, an OOM kill), Triton comes back with its repository's
-configuration, and the kubelet would make the Pod Ready again as soon as Triton answers its
-probe. The container's start time, later than the gate's last transition, says so: the rollout
-closes such a gate first and opens it once the profile is back.
+Each replica also carries which run of the container serving Triton its Pod reports (the
+runtime's container ID): when that changes while the gate is open, Triton restarted with its
+repository's configuration (see `rollouts.mark_restarted`).
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ from typing import Any
 
 import kubernetes.client
 
-from batchpilot.applying.replicas import Replica
+from batchpilot.applying.replicas import Replica, ServingContainer
 from batchpilot.policy import specs
 
 GATE = "batchpilot.dev/config-applied"
@@ -62,56 +60,34 @@ def _host(ip: str) -> str:
     return f"[{ip}]" if ":" in ip else ip
 
 
-def _condition(pod: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+def _condition(pod: Mapping[str, Any], kind: str) -> str | None:
     for condition in pod.get("status", {}).get("conditions") or []:
         if condition.get("type") == kind:
-            found: Mapping[str, Any] = condition
-            return found
+            return str(condition.get("status"))
     return None
 
 
-def _status_of(condition: Mapping[str, Any] | None) -> str | None:
-    return None if condition is None else str(condition.get("status"))
-
-
-def _timestamp(text: object) -> datetime.datetime | None:
-    if not isinstance(text, str):
-        return None
-    try:
-        return datetime.datetime.fromisoformat(text)
-    except ValueError:
-        return None
-
-
-def _container_serving(pod: Mapping[str, Any], port: int) -> str | None:
-    for container in pod["spec"].get("containers", []):
-        if any(p.get("containerPort") == port for p in container.get("ports") or []):
-            return str(container.get("name"))
-    return None
-
-
-def restarted_since_gate(pod: Mapping[str, Any], port: int) -> str | None:
-    """Why the Pod's open gate is stale, or None: the container that serves `port` started
-    after the gate last turned True, or is not running at all. Both times have whole seconds,
-    so a restart within the second the gate opened is left to the next pass's drift check."""
-    gate = _condition(pod, GATE)
-    if gate is None or gate.get("status") != "True":
-        return None
-    opened = _timestamp(gate.get("lastTransitionTime"))
-    container = _container_serving(pod, port)
-    if opened is None or container is None:
-        return None
+def serving_container(pod: Mapping[str, Any], port: int) -> ServingContainer | None:
+    """The container that declares `port`, and which run of it the Pod reports."""
+    declaring = [
+        container.get("name")
+        for container in pod["spec"].get("containers", [])
+        if any(p.get("containerPort") == port for p in container.get("ports") or [])
+    ]
     for status in pod.get("status", {}).get("containerStatuses") or []:
-        if status.get("name") != container:
+        if not declaring or status.get("name") != declaring[0]:
             continue
         state = status.get("state") or {}
         running = state.get("running")
         if running is None:
             stopped = state.get("waiting") or state.get("terminated") or {}
-            return f"container {container} is not running ({stopped.get('reason') or 'stopped'})"
-        started = _timestamp(running.get("startedAt"))
-        if started is not None and started > opened:
-            return f"container {container} restarted at {running['startedAt']}"
+            return ServingContainer(
+                name=declaring[0], run="", stopped=str(stopped.get("reason") or "stopped")
+            )
+        run = (
+            status.get("containerID") or f"{status.get('restartCount')}@{running.get('startedAt')}"
+        )
+        return ServingContainer(name=declaring[0], run=str(run))
     return None
 
 
@@ -141,10 +117,10 @@ def replicas_from_pods(
                 http_url=f"http://{_host(ip)}:{http_port}",
                 sidecar_url=f"http://{_host(ip)}:{sidecar_port}" if sidecar_port else None,
                 gated=GATE in gates,
-                gate=_status_of(_condition(pod, GATE)),
+                gate=_condition(pod, GATE),
                 kind="pod",
                 labels=tuple(sorted((metadata.get("labels") or {}).items())),
-                restarted=restarted_since_gate(pod, http_port) if GATE in gates else None,
+                serving=serving_container(pod, http_port),
             )
         )
     return sorted(found, key=lambda t: t.name), skipped
