@@ -1,0 +1,530 @@
+"""The project's container images, built here without a Docker engine or a registry.
+
+``python -m e2e.cluster images`` (``make images``) builds the operator, the sidecar and the CPU
+Triton image from the same Dockerfiles a Docker user builds, and leaves each as an OCI archive that
+containerd imports (``ctr -n k8s.io images import``). Two things stand in for what a registry
+gives a Docker user:
+
+- The base. ``python:3.11-slim`` cannot be pulled, so mmdebstrap makes one from Debian bookworm's
+  packages (its ``python3`` is 3.11, with ``pip``, ``venv`` and a shared ``libpython`` as in the
+  official image; Debian's EXTERNALLY-MANAGED marker removed, so ``pip install`` installs
+  system-wide as it does there). The Dockerfiles take it as ``--build-arg BASE=``; their default
+  stays ``python:3.11-slim``. Its tag is a hash of the root filesystem's tarball, which
+  ``SOURCE_DATE_EPOCH`` makes reproducible for one set of package versions.
+- The trust store. ``pip`` inside a ``RUN`` step reaches PyPI through the machine's egress, whose
+  TLS certificates only the host's CA bundle trusts. The host's bundle is mounted read-only over
+  the image's for the ``RUN`` steps only (``buildah bud --volume``); nothing of it stays in an
+  image.
+
+Builds are cached by their inputs: an image's tag is a hash of its Dockerfile, every file its
+``COPY`` lines take from the context (less what ``.dockerignore`` leaves out) and the base's tag,
+and its archive is written once under ``${BATCHPILOT_CACHE:-~/.cache/batchpilot}/images/``. A run
+whose inputs are unchanged builds nothing. ``current.json`` there names the archive and reference
+of each image last built, for whoever imports them into a node's containerd (``archive()``).
+buildah runs with the vfs driver and chroot isolation (no overlay or user namespaces needed), its
+storage under the same folder; each build logs to ``images/logs/<name>.log``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from e2e.cluster import locations
+
+BASE_NAME: Final = "batchpilot-base"
+BASE_SUITE: Final = "bookworm"
+BASE_MIRROR: Final = "http://deb.debian.org/debian"
+BASE_PACKAGES: Final = (
+    "python3",
+    "python3-pip",
+    "python3-venv",
+    "python-is-python3",  # `python`, as in python:3.11-slim
+    "libpython3.11",  # a shared libpython, as there; Triton's Python backend stub links it
+    "ca-certificates",
+)
+# A fixed clock for mmdebstrap: the same packages give the same tarball, hence the same tag.
+BASE_SOURCE_DATE_EPOCH: Final = "1700000000"
+BASE_ENVIRONMENT: Final = (
+    "LANG=C.UTF-8",
+    "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+)
+
+HOST_CA_BUNDLE: Final = Path("/etc/ssl/certs/ca-certificates.crt")
+REFERENCE_DOMAIN: Final = "localhost"
+TAG_LENGTH: Final = 16
+# Bumped when the way an image is built changes in a way its inputs do not show.
+RECIPE_VERSION: Final = "1"
+
+# What .dockerignore leaves out below the copied folders; a unit test keeps them in step.
+IGNORED_DIRECTORY_NAMES: Final = ("__pycache__",)
+IGNORED_SUFFIXES: Final = (".pyc", ".egg-info")
+
+BASE_TIMEOUT_SECONDS: Final = 1200
+BUILD_TIMEOUT_SECONDS: Final = 1800
+STEP_TIMEOUT_SECONDS: Final = 600
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ImageRecipe:
+    name: str
+    dockerfile: str  # relative to the context, the repository root
+
+
+IMAGES: Final = (
+    ImageRecipe(name="batchpilot-operator", dockerfile="operator/Dockerfile"),
+    ImageRecipe(name="batchpilot-sidecar", dockerfile="sidecar/Dockerfile"),
+    ImageRecipe(name="batchpilot-triton", dockerfile="e2e/kind/triton.Dockerfile"),
+)
+"""The images, by the names their references carry (``localhost/<name>:<input hash>``)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BuiltImage:
+    name: str
+    reference: str
+    archive: Path
+    image_bytes: int
+    archive_bytes: int
+    build_seconds: float
+    cached: bool
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "reference": self.reference,
+            "archive": str(self.archive),
+            "image_bytes": self.image_bytes,
+            "archive_bytes": self.archive_bytes,
+            "build_seconds": round(self.build_seconds, 1),
+        }
+
+    @classmethod
+    def from_json(cls, document: Mapping[str, object], *, cached: bool) -> BuiltImage:
+        return cls(
+            name=str(document["name"]),
+            reference=str(document["reference"]),
+            archive=Path(str(document["archive"])),
+            image_bytes=int(str(document["image_bytes"])),
+            archive_bytes=int(str(document["archive_bytes"])),
+            build_seconds=float(str(document["build_seconds"])),
+            cached=cached,
+        )
+
+
+class ImageError(Exception):
+    """One image (or the base) could not be built; the message names it and its log file."""
+
+
+def images_root() -> Path:
+    return locations.cache_root() / "images"
+
+
+def logs_dir() -> Path:
+    return images_root() / "logs"
+
+
+def archive_path(name: str, tag: str) -> Path:
+    return images_root() / f"{name}-{tag}.oci.tar"
+
+
+def reference(name: str, tag: str) -> str:
+    return f"{REFERENCE_DOMAIN}/{name}:{tag}"
+
+
+def archive(name: str) -> BuiltImage:
+    """The archive and reference of image `name` as the last ``images`` run left it (for
+    ``ctr -n k8s.io images import <archive>``, then pods use the reference)."""
+    try:
+        current = json.loads((images_root() / "current.json").read_text())
+        return BuiltImage.from_json(current[name], cached=True)
+    except (OSError, ValueError, KeyError) as error:
+        raise ImageError(
+            f"{name}: no image built yet ({error}); run `python -m e2e.cluster images`"
+        ) from None
+
+
+# --- inputs and their hashes -------------------------------------------------------------
+
+
+def base_argv(output: Path) -> list[str]:
+    """mmdebstrap's command line for the base's root filesystem tarball."""
+    return [
+        "mmdebstrap",
+        "--variant=minbase",
+        f"--include={','.join(BASE_PACKAGES)}",
+        # Merged /usr as in Debian's images, without the usrmerge package (which pulls in perl).
+        "--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr",
+        "--dpkgopt=path-exclude=/usr/share/man/*",
+        "--dpkgopt=path-exclude=/usr/share/info/*",
+        "--dpkgopt=path-exclude=/usr/share/locale/*",
+        "--dpkgopt=path-exclude=/usr/share/doc/*",
+        "--dpkgopt=path-include=/usr/share/doc/*/copyright",
+        '--customize-hook=rm -f "$1"/usr/lib/python3*/EXTERNALLY-MANAGED',
+        BASE_SUITE,
+        str(output),
+        BASE_MIRROR,
+    ]
+
+
+def base_recipe_key() -> str:
+    """A hash of how the base is made; its tarball is cached under it."""
+    recipe = [RECIPE_VERSION, BASE_SOURCE_DATE_EPOCH, *BASE_ENVIRONMENT, *base_argv(Path("-"))]
+    return hashlib.sha256("\0".join(recipe).encode()).hexdigest()[:TAG_LENGTH]
+
+
+def copied_sources(dockerfile: str) -> list[str]:
+    """The context paths a Dockerfile's ``COPY`` and ``ADD`` lines take (not ``--from`` ones)."""
+    logical_lines = re.sub(r"\\\n", " ", dockerfile).splitlines()
+    sources: list[str] = []
+    for line in logical_lines:
+        words = shlex.split(line, comments=True)
+        if not words or words[0].upper() not in ("COPY", "ADD"):
+            continue
+        arguments = words[1:]
+        if arguments and arguments[0].startswith("["):
+            arguments = json.loads(" ".join(arguments))
+        flags = [word for word in arguments if word.startswith("--")]
+        if any(flag.startswith("--from=") for flag in flags):
+            continue
+        paths = [word for word in arguments if not word.startswith("--")]
+        if len(paths) < 2:
+            raise ImageError(f"cannot read the sources of: {line.strip()}")
+        sources.extend(paths[:-1])
+    return sources
+
+
+def ignored(relative: Path) -> bool:
+    return any(part in IGNORED_DIRECTORY_NAMES for part in relative.parts) or any(
+        part.endswith(IGNORED_SUFFIXES) for part in relative.parts
+    )
+
+
+def context_files(context: Path, sources: Iterable[str]) -> list[Path]:
+    """Every file the sources name, relative to the context, sorted; directories recursively."""
+    files: set[Path] = set()
+    for source in sources:
+        if any(character in source for character in "*?["):
+            raise ImageError(f"{source}: wildcards in COPY sources are not hashed; name the path")
+        path = (context / source).resolve()
+        if not path.is_relative_to(context.resolve()) or not path.exists():
+            raise ImageError(f"{source}: not in the build context {context}")
+        candidates = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+        for candidate in candidates:
+            relative = candidate.relative_to(context.resolve())
+            if not ignored(relative):
+                files.add(relative)
+    return sorted(files)
+
+
+def input_tag(
+    *, context: Path, dockerfile: str, base: str, build_args: Mapping[str, str] | None = None
+) -> str:
+    """The tag of an image: a hash of everything its build reads."""
+    text = (context / dockerfile).read_text()
+    digest = hashlib.sha256()
+    for part in (RECIPE_VERSION, dockerfile, text, base):
+        digest.update(part.encode() + b"\0")
+    for key, value in sorted((build_args or {}).items()):
+        digest.update(f"{key}={value}".encode() + b"\0")
+    for relative in context_files(context, copied_sources(text)):
+        full = context / relative
+        executable = "x" if os.access(full, os.X_OK) else "-"
+        digest.update(f"{relative.as_posix()}\0{executable}\0".encode())
+        digest.update(hashlib.sha256(full.read_bytes()).digest())
+    return digest.hexdigest()[:TAG_LENGTH]
+
+
+def unpacked_bytes(archive: Path) -> int:
+    """The size of an OCI archive's layers once unpacked: gzip records each member's length in
+    its last four bytes (modulo 4 GiB, more than any layer here)."""
+    with tarfile.open(archive) as tar:
+
+        def blob(digest: str) -> tarfile.TarInfo:
+            return tar.getmember(f"blobs/{digest.replace(':', '/', 1)}")
+
+        def document(member: tarfile.TarInfo) -> dict[str, Any]:
+            stream = tar.extractfile(member)
+            assert stream is not None
+            loaded: dict[str, Any] = json.load(stream)
+            return loaded
+
+        total = 0
+        for entry in document(tar.getmember("index.json"))["manifests"]:
+            for layer in document(blob(entry["digest"]))["layers"]:
+                member = blob(layer["digest"])
+                if not layer["mediaType"].endswith("+gzip"):
+                    total += member.size
+                    continue
+                with archive.open("rb") as raw:
+                    raw.seek(member.offset_data + member.size - 4)
+                    total += int.from_bytes(raw.read(4), "little")
+        return total
+
+
+def file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# --- running the tools ---------------------------------------------------------------------
+
+
+def require_tools(tools: Sequence[str] = ("buildah", "mmdebstrap")) -> None:
+    for tool in tools:
+        if shutil.which(tool) is None:
+            raise ImageError(f"{tool} is not installed (Debian package {tool}; `make deps`)")
+
+
+def run_logged(
+    argv: Sequence[str], *, what: str, log: Path, timeout: float, env: Mapping[str, str]
+) -> str:
+    """Run `argv`, its stderr (and its stdout, unless returned) appended to `log`."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a") as stream:
+        stream.write(f"\n$ {shlex.join(argv)}\n")
+        stream.flush()
+        try:
+            done = subprocess.run(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=stream,
+                text=True,
+                timeout=timeout,
+                env=dict(env),
+                cwd=locations.REPO_ROOT,
+                check=False,
+            )
+        except FileNotFoundError:
+            raise ImageError(f"{what}: {argv[0]} is not installed (`make deps`)") from None
+        except subprocess.TimeoutExpired:
+            raise ImageError(f"{what}: timed out after {timeout:.0f} s; log: {log}") from None
+        stream.write(done.stdout)
+    if done.returncode != 0:
+        raise ImageError(f"{what}: {argv[0]} failed (exit {done.returncode}); log: {log}")
+    return done.stdout
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Buildah:
+    """buildah with its own storage, the vfs driver and chroot isolation: no daemon, no overlay
+    mounts, no user namespaces."""
+
+    root: Path
+
+    def argv(self, *arguments: str) -> list[str]:
+        return [
+            "buildah",
+            "--root",
+            str(self.root / "root"),
+            "--runroot",
+            str(self.root / "runroot"),
+            "--storage-driver",
+            "vfs",
+            *arguments,
+        ]
+
+    @property
+    def environment(self) -> dict[str, str]:
+        return {**os.environ, "STORAGE_DRIVER": "vfs", "BUILDAH_ISOLATION": "chroot"}
+
+    def run(
+        self, *arguments: str, what: str, log: Path, timeout: float = STEP_TIMEOUT_SECONDS
+    ) -> str:
+        return run_logged(
+            self.argv(*arguments), what=what, log=log, timeout=timeout, env=self.environment
+        )
+
+    def has_image(self, name: str) -> bool:
+        done = subprocess.run(
+            self.argv("inspect", "--type", "image", name),
+            capture_output=True,
+            env=self.environment,
+            timeout=STEP_TIMEOUT_SECONDS,
+            check=False,
+        )
+        return done.returncode == 0
+
+
+def storage() -> Buildah:
+    return Buildah(root=images_root() / "storage")
+
+
+# --- building ------------------------------------------------------------------------------
+
+
+def base_tarball() -> Path:
+    """The base's root filesystem, made by mmdebstrap once per recipe."""
+    tarball = images_root() / "base" / f"{BASE_SUITE}-{base_recipe_key()}.tar"
+    if tarball.exists():
+        return tarball
+    log = logs_dir() / f"{BASE_NAME}.log"
+    tarball.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=tarball.parent, prefix=".staging-") as staging:
+        output = Path(staging) / tarball.name
+        run_logged(
+            base_argv(output),
+            what=f"{BASE_NAME} (mmdebstrap {BASE_SUITE})",
+            log=log,
+            timeout=BASE_TIMEOUT_SECONDS,
+            env={**os.environ, "SOURCE_DATE_EPOCH": BASE_SOURCE_DATE_EPOCH},
+        )
+        output.rename(tarball)
+    return tarball
+
+
+def base_reference(tarball: Path) -> str:
+    """The base's reference, tagged by its content; computed once per tarball."""
+    digest_file = tarball.with_suffix(".sha256")
+    if not digest_file.exists():
+        digest_file.write_text(file_digest(tarball) + "\n")
+    return reference(BASE_NAME, digest_file.read_text().strip()[:TAG_LENGTH])
+
+
+def import_base(buildah: Buildah, tarball: Path, name: str) -> None:
+    """The tarball as an image in buildah's storage, configured as python:3.11-slim is."""
+    if buildah.has_image(name):
+        return
+    log = logs_dir() / f"{BASE_NAME}.log"
+    what = f"{BASE_NAME} (import)"
+    container = buildah.run("from", "scratch", what=what, log=log).strip()
+    try:
+        buildah.run("add", "--quiet", container, str(tarball), "/", what=what, log=log)
+        configuration = [argument for pair in BASE_ENVIRONMENT for argument in ("--env", pair)]
+        buildah.run("config", *configuration, "--cmd", "python3", container, what=what, log=log)
+        buildah.run("commit", "--quiet", container, name, what=what, log=log)
+    finally:
+        subprocess.run(
+            buildah.argv("rm", container),
+            capture_output=True,
+            env=buildah.environment,
+            timeout=STEP_TIMEOUT_SECONDS,
+            check=False,
+        )
+
+
+def build_arguments(base: str) -> dict[str, str]:
+    return {"BASE": base}
+
+
+def build_image(buildah: Buildah, recipe: ImageRecipe, *, base: str, tag: str) -> BuiltImage:
+    log = logs_dir() / f"{recipe.name}.log"
+    log.unlink(missing_ok=True)
+    name = reference(recipe.name, tag)
+    started = time.monotonic()
+    volumes = (
+        ["--volume", f"{HOST_CA_BUNDLE}:{HOST_CA_BUNDLE}:ro"] if HOST_CA_BUNDLE.is_file() else []
+    )
+    arguments = [f"{key}={value}" for key, value in build_arguments(base).items()]
+    buildah.run(
+        "bud",
+        "--isolation",
+        "chroot",
+        *(argument for pair in arguments for argument in ("--build-arg", pair)),
+        *volumes,
+        "--file",
+        recipe.dockerfile,
+        "--tag",
+        name,
+        str(locations.REPO_ROOT),
+        what=recipe.name,
+        log=log,
+        timeout=BUILD_TIMEOUT_SECONDS,
+    )
+    target = archive_path(recipe.name, tag)
+    staging = target.with_name(f".staging-{target.name}")
+    staging.unlink(missing_ok=True)
+    buildah.run("push", "--quiet", name, f"oci-archive:{staging}:{name}", what=recipe.name, log=log)
+    staging.rename(target)
+    seconds = time.monotonic() - started
+    # The archive is what counts; the storage copy (vfs: whole layers) only takes room.
+    buildah.run("rmi", "--force", name, what=f"{recipe.name} (clean up)", log=log)
+    buildah.run("rmi", "--prune", what=f"{recipe.name} (clean up)", log=log)
+    built = BuiltImage(
+        name=recipe.name,
+        reference=name,
+        archive=target,
+        image_bytes=unpacked_bytes(target),
+        archive_bytes=target.stat().st_size,
+        build_seconds=seconds,
+        cached=False,
+    )
+    target.with_suffix(".json").write_text(json.dumps(built.to_json(), indent=2) + "\n")
+    return built
+
+
+def cached_image(name: str, tag: str) -> BuiltImage | None:
+    target = archive_path(name, tag)
+    try:
+        document = json.loads(target.with_suffix(".json").read_text())
+    except (OSError, ValueError):
+        return None
+    return BuiltImage.from_json(document, cached=True) if target.exists() else None
+
+
+def build(names: Sequence[str] | None = None) -> list[BuiltImage]:
+    """Build the base if its recipe is new, then every image whose inputs are new."""
+    recipes = [recipe for recipe in IMAGES if names is None or recipe.name in names]
+    unknown = set(names or ()) - {recipe.name for recipe in IMAGES}
+    if unknown:
+        raise ImageError(f"unknown images: {', '.join(sorted(unknown))}")
+    require_tools()
+    tarball = base_tarball()
+    base = base_reference(tarball)
+    buildah = storage()
+    results: list[BuiltImage] = []
+    for recipe in recipes:
+        tag = input_tag(
+            context=locations.REPO_ROOT,
+            dockerfile=recipe.dockerfile,
+            base=base,
+            build_args=build_arguments(base),
+        )
+        built = cached_image(recipe.name, tag)
+        if built is None:
+            import_base(buildah, tarball, base)
+            built = build_image(buildah, recipe, base=base, tag=tag)
+        results.append(built)
+        record_current(built)
+    return results
+
+
+def record_current(built: BuiltImage) -> None:
+    path = images_root() / "current.json"
+    try:
+        current = json.loads(path.read_text())
+    except (OSError, ValueError):
+        current = {}
+    current[built.name] = built.to_json()
+    staging = path.with_name(".current.json")
+    staging.write_text(json.dumps(current, indent=2, sort_keys=True) + "\n")
+    staging.rename(path)
+
+
+def describe(built: BuiltImage) -> str:
+    megabytes = 1e6
+    how = (
+        f"cached (built in {built.build_seconds:.0f} s)"
+        if built.cached
+        else f"built in {built.build_seconds:.0f} s"
+    )
+    return (
+        f"{built.name}: {built.reference}, image {built.image_bytes / megabytes:.0f} MB, "
+        f"archive {built.archive_bytes / megabytes:.0f} MB, {how}\n  {built.archive}"
+    )
