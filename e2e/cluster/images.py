@@ -190,16 +190,18 @@ def copied_sources(dockerfile: str) -> list[str]:
     logical_lines = re.sub(r"\\\n", " ", dockerfile).splitlines()
     sources: list[str] = []
     for line in logical_lines:
-        words = shlex.split(line, comments=True)
-        if not words or words[0].upper() not in ("COPY", "ADD"):
+        instruction, _, rest = line.strip().partition(" ")
+        if instruction.upper() not in ("COPY", "ADD"):
             continue
-        arguments = words[1:]
-        if arguments and arguments[0].startswith("["):
-            arguments = json.loads(" ".join(arguments))
-        flags = [word for word in arguments if word.startswith("--")]
+        flags: list[str] = []
+        rest = rest.strip()
+        while rest.startswith("--"):
+            flag, _, rest = rest.partition(" ")
+            flags.append(flag)
+            rest = rest.strip()
         if any(flag.startswith("--from=") for flag in flags):
             continue
-        paths = [word for word in arguments if not word.startswith("--")]
+        paths = [str(path) for path in json.loads(rest)] if rest.startswith("[") else rest.split()
         if len(paths) < 2:
             raise ImageError(f"cannot read the sources of: {line.strip()}")
         sources.extend(paths[:-1])
@@ -423,7 +425,9 @@ def build_arguments(base: str) -> dict[str, str]:
     return {"BASE": base}
 
 
-def build_image(buildah: Buildah, recipe: ImageRecipe, *, base: str, tag: str) -> BuiltImage:
+def build_image(
+    buildah: Buildah, recipe: ImageRecipe, *, base: str, tag: str, context: Path
+) -> BuiltImage:
     log = logs_dir() / f"{recipe.name}.log"
     log.unlink(missing_ok=True)
     name = reference(recipe.name, tag)
@@ -442,7 +446,7 @@ def build_image(buildah: Buildah, recipe: ImageRecipe, *, base: str, tag: str) -
         recipe.dockerfile,
         "--tag",
         name,
-        str(locations.REPO_ROOT),
+        str(context),
         what=recipe.name,
         log=log,
         timeout=BUILD_TIMEOUT_SECONDS,
@@ -478,10 +482,15 @@ def cached_image(name: str, tag: str) -> BuiltImage | None:
     return BuiltImage.from_json(document, cached=True) if target.exists() else None
 
 
-def build(names: Sequence[str] | None = None) -> list[BuiltImage]:
+def build(
+    names: Sequence[str] | None = None,
+    *,
+    context: Path = locations.REPO_ROOT,
+    recipes: Sequence[ImageRecipe] = IMAGES,
+) -> list[BuiltImage]:
     """Build the base if its recipe is new, then every image whose inputs are new."""
-    recipes = [recipe for recipe in IMAGES if names is None or recipe.name in names]
-    unknown = set(names or ()) - {recipe.name for recipe in IMAGES}
+    chosen = [recipe for recipe in recipes if names is None or recipe.name in names]
+    unknown = set(names or ()) - {recipe.name for recipe in recipes}
     if unknown:
         raise ImageError(f"unknown images: {', '.join(sorted(unknown))}")
     require_tools()
@@ -489,9 +498,9 @@ def build(names: Sequence[str] | None = None) -> list[BuiltImage]:
     base = base_reference(tarball)
     buildah = storage()
     results: list[BuiltImage] = []
-    for recipe in recipes:
+    for recipe in chosen:
         tag = input_tag(
-            context=locations.REPO_ROOT,
+            context=context,
             dockerfile=recipe.dockerfile,
             base=base,
             build_args=build_arguments(base),
@@ -499,7 +508,7 @@ def build(names: Sequence[str] | None = None) -> list[BuiltImage]:
         built = cached_image(recipe.name, tag)
         if built is None:
             import_base(buildah, tarball, base)
-            built = build_image(buildah, recipe, base=base, tag=tag)
+            built = build_image(buildah, recipe, base=base, tag=tag, context=context)
         results.append(built)
         record_current(built)
     return results

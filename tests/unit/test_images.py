@@ -1,0 +1,286 @@
+"""The image builder's inputs and cache (e2e.cluster.images): what an image's tag is a hash of, when
+a run builds nothing, and how a missing tool or a failed step is reported."""
+
+import gzip
+import hashlib
+import io
+import json
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from e2e.cluster import images, locations
+
+OPERATOR_LIKE = """\
+ARG BASE=python:3.11-slim
+FROM ${BASE} AS wheels
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY --chown=1:1 src \\
+     ./src
+RUN pip wheel .
+
+FROM ${BASE}
+COPY --from=wheels /wheels /wheels
+COPY ["data", "/data"]
+# COPY ignored/ /in-a-comment
+"""
+
+
+@pytest.fixture
+def context(tmp_path: Path) -> Path:
+    root = tmp_path / "context"
+    (root / "src" / "pkg" / "__pycache__").mkdir(parents=True)
+    (root / "data").mkdir()
+    (root / "unrelated").mkdir()
+    (root / "Dockerfile").write_text(OPERATOR_LIKE)
+    (root / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    (root / "README.md").write_text("readme\n")
+    (root / "src" / "pkg" / "__init__.py").write_text("")
+    (root / "src" / "pkg" / "__pycache__" / "__init__.cpython-311.pyc").write_bytes(b"\0")
+    (root / "data" / "model.txt").write_text("weights\n")
+    (root / "unrelated" / "notes.md").write_text("not copied\n")
+    return root
+
+
+def tag_of(context: Path, *, base: str = "localhost/batchpilot-base:aaaa") -> str:
+    return images.input_tag(context=context, dockerfile="Dockerfile", base=base)
+
+
+def test_copied_sources_are_the_context_paths_of_copy_lines_without_stage_copies() -> None:
+    assert images.copied_sources(OPERATOR_LIKE) == ["pyproject.toml", "README.md", "src", "data"]
+
+
+def test_the_project_dockerfiles_copy_what_their_images_need() -> None:
+    def sources(dockerfile: str) -> list[str]:
+        return images.copied_sources((locations.REPO_ROOT / dockerfile).read_text())
+
+    assert sources("operator/Dockerfile") == [
+        "pyproject.toml",
+        "README.md",
+        "operator/batchpilot",
+        "sidecar/batchpilot_triton",
+    ]
+    assert sources("sidecar/Dockerfile") == ["sidecar"]
+    assert sources("e2e/kind/triton.Dockerfile") == ["manifests/model-repository"]
+
+
+def test_every_dockerfile_takes_its_base_as_a_build_argument_defaulting_to_python_slim() -> None:
+    for recipe in images.IMAGES:
+        text = (locations.REPO_ROOT / recipe.dockerfile).read_text()
+        froms = [line for line in text.splitlines() if line.startswith("FROM ")]
+        assert "ARG BASE=python:3.11-slim" in text.splitlines(), recipe.dockerfile
+        assert froms, recipe.dockerfile
+        assert all(line.split()[1] == "${BASE}" for line in froms), recipe.dockerfile
+
+
+def test_context_files_skip_bytecode_and_take_directories_whole(context: Path) -> None:
+    files = images.context_files(context, ["src", "README.md", "data"])
+    assert files == [Path("README.md"), Path("data/model.txt"), Path("src/pkg/__init__.py")]
+
+
+def test_a_source_outside_the_context_is_refused(context: Path) -> None:
+    with pytest.raises(images.ImageError, match="not in the build context"):
+        images.context_files(context, ["../elsewhere"])
+
+
+def test_the_tag_follows_copied_files_the_dockerfile_and_the_base(context: Path) -> None:
+    first = tag_of(context)
+    assert tag_of(context) == first
+    assert len(first) == images.TAG_LENGTH
+
+    (context / "data" / "model.txt").write_text("other weights\n")
+    changed_file = tag_of(context)
+    assert changed_file != first
+
+    (context / "data" / "new.txt").write_text("a new file\n")
+    added_file = tag_of(context)
+    assert added_file != changed_file
+
+    (context / "Dockerfile").write_text(OPERATOR_LIKE + "ENV X=1\n")
+    changed_dockerfile = tag_of(context)
+    assert changed_dockerfile != added_file
+
+    assert tag_of(context, base="localhost/batchpilot-base:bbbb") != changed_dockerfile
+
+
+def test_the_tag_ignores_files_no_copy_takes_and_bytecode(context: Path) -> None:
+    first = tag_of(context)
+    (context / "unrelated" / "notes.md").write_text("edited\n")
+    (context / "src" / "pkg" / "__pycache__" / "other.cpython-311.pyc").write_bytes(b"\1")
+    (context / "src" / "pkg" / "module.pyc").write_bytes(b"\2")
+    assert tag_of(context) == first
+
+
+def test_the_tag_follows_a_file_s_executable_bit(context: Path) -> None:
+    first = tag_of(context)
+    (context / "data" / "model.txt").chmod(0o755)
+    assert tag_of(context) != first
+
+
+def test_dockerignore_leaves_out_what_the_hash_leaves_out() -> None:
+    lines = (locations.REPO_ROOT / ".dockerignore").read_text().splitlines()
+    nested = {line.removeprefix("**/") for line in lines if line.startswith("**/")}
+    expected = {*images.IGNORED_DIRECTORY_NAMES, *(f"*{s}" for s in images.IGNORED_SUFFIXES)}
+    assert nested == expected
+    assert {".venv", ".git", ".run"} <= set(lines)
+
+
+def test_the_base_recipe_key_changes_with_its_packages(monkeypatch: pytest.MonkeyPatch) -> None:
+    key = images.base_recipe_key()
+    monkeypatch.setattr(images, "BASE_PACKAGES", (*images.BASE_PACKAGES, "curl"))
+    assert images.base_recipe_key() != key
+
+
+def test_the_base_is_python_slim_s_stand_in() -> None:
+    argv = images.base_argv(Path("/out.tar"))
+    assert argv[0] == "mmdebstrap"
+    included = next(a for a in argv if a.startswith("--include=")).removeprefix("--include=")
+    assert {"python3", "python3-pip", "python3-venv", "libpython3.11"} <= set(included.split(","))
+    assert any("EXTERNALLY-MANAGED" in argument for argument in argv)
+    assert argv[-3:] == [images.BASE_SUITE, "/out.tar", images.BASE_MIRROR]
+
+
+def oci_archive(path: Path, layers: list[bytes]) -> int:
+    """An OCI archive with gzip layers; returns their unpacked size."""
+    blobs: dict[str, bytes] = {}
+
+    def add(content: bytes) -> str:
+        digest = "sha256:" + hashlib.sha256(content).hexdigest()
+        blobs[digest] = content
+        return digest
+
+    descriptors = [
+        {
+            "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+            "digest": add(gzip.compress(layer)),
+            "size": 0,
+        }
+        for layer in layers
+    ]
+    manifest = add(json.dumps({"schemaVersion": 2, "layers": descriptors}).encode())
+    index = json.dumps({"schemaVersion": 2, "manifests": [{"digest": manifest}]}).encode()
+    with tarfile.open(path, "w") as tar:
+        for name, content in [
+            ("index.json", index),
+            *((f"blobs/{d.replace(':', '/')}", c) for d, c in blobs.items()),
+        ]:
+            member = tarfile.TarInfo(name)
+            member.size = len(content)
+            tar.addfile(member, io.BytesIO(content))
+    return sum(len(layer) for layer in layers)
+
+
+def test_unpacked_bytes_adds_up_the_layers_uncompressed(tmp_path: Path) -> None:
+    archive = tmp_path / "image.oci.tar"
+    expected = oci_archive(archive, [b"a" * 100_000, bytes(range(256)) * 999])
+    assert images.unpacked_bytes(archive) == expected
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "cache"
+    monkeypatch.setenv("BATCHPILOT_CACHE", str(root))
+    base = images.images_root() / "base" / f"{images.BASE_SUITE}-{images.base_recipe_key()}.tar"
+    base.parent.mkdir(parents=True)
+    base.write_bytes(b"a root filesystem")
+    monkeypatch.setattr(images, "require_tools", lambda: None)
+    monkeypatch.setattr(images, "import_base", lambda *args: None)
+    return root
+
+
+def test_a_second_run_with_unchanged_inputs_builds_nothing_and_a_change_rebuilds_that_image(
+    cache: Path, context: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (context / "other.Dockerfile").write_text('FROM ${BASE}\nCOPY ["README.md", "/r"]\n')
+    recipes = (
+        images.ImageRecipe(name="one", dockerfile="Dockerfile"),
+        images.ImageRecipe(name="two", dockerfile="other.Dockerfile"),
+    )
+    builds: list[str] = []
+
+    def build_image(
+        buildah: images.Buildah, recipe: images.ImageRecipe, *, base: str, tag: str, context: Path
+    ) -> images.BuiltImage:
+        builds.append(recipe.name)
+        built = images.BuiltImage(
+            name=recipe.name,
+            reference=images.reference(recipe.name, tag),
+            archive=images.archive_path(recipe.name, tag),
+            image_bytes=1,
+            archive_bytes=1,
+            build_seconds=1.0,
+            cached=False,
+        )
+        built.archive.write_bytes(b"archive")
+        built.archive.with_suffix(".json").write_text(json.dumps(built.to_json()))
+        return built
+
+    monkeypatch.setattr(images, "build_image", build_image)
+
+    first = images.build(context=context, recipes=recipes)
+    assert builds == ["one", "two"]
+    assert [image.cached for image in first] == [False, False]
+
+    second = images.build(context=context, recipes=recipes)
+    assert builds == ["one", "two"]
+    assert [image.cached for image in second] == [True, True]
+    assert [image.reference for image in second] == [image.reference for image in first]
+    assert "cached" in images.describe(second[0])
+
+    (context / "src" / "pkg" / "__init__.py").write_text("VERSION = 2\n")
+    third = images.build(context=context, recipes=recipes)
+    assert builds == ["one", "two", "one"]
+    assert third[0].reference != first[0].reference
+    assert third[1] == second[1]
+    assert images.archive("one").reference == third[0].reference
+
+
+def test_an_archive_without_its_record_is_built_again(
+    cache: Path, context: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recipe = images.ImageRecipe(name="one", dockerfile="Dockerfile")
+    tarball = images.images_root() / "base" / f"{images.BASE_SUITE}-{images.base_recipe_key()}.tar"
+    base = images.base_reference(tarball)
+    tag = tag_of(context, base=base)
+    images.archive_path("one", tag).write_bytes(b"an interrupted push")
+    assert images.cached_image("one", tag) is None
+
+
+def test_unknown_image_names_are_refused(cache: Path) -> None:
+    with pytest.raises(images.ImageError, match="unknown images: nope"):
+        images.build(["nope"])
+
+
+def test_an_image_never_built_says_how_to_build_it(cache: Path) -> None:
+    with pytest.raises(images.ImageError, match="python -m e2e.cluster images"):
+        images.archive("batchpilot-operator")
+
+
+def test_a_missing_tool_is_one_line_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(images.ImageError, match=r"^buildah is not installed") as raised:
+        images.require_tools()
+    assert "\n" not in str(raised.value)
+
+
+def test_a_failed_step_names_the_image_and_its_log(tmp_path: Path) -> None:
+    log = tmp_path / "logs" / "one.log"
+    argv = [sys.executable, "-c", "import sys; print('compiling'); sys.exit('broken wheel')"]
+    with pytest.raises(images.ImageError) as raised:
+        images.run_logged(argv, what="one", log=log, timeout=30, env={})
+    assert str(raised.value) == f"one: {sys.executable} failed (exit 1); log: {log}"
+    assert "compiling" in log.read_text()
+    assert "broken wheel" in log.read_text()
+
+
+@pytest.mark.timeout(20)
+def test_a_step_that_hangs_is_stopped_and_named(tmp_path: Path) -> None:
+    log = tmp_path / "one.log"
+    argv = [sys.executable, "-c", "import time; time.sleep(60)"]
+    with pytest.raises(images.ImageError, match=r"one: timed out after 1 s; log: "):
+        images.run_logged(argv, what="one", log=log, timeout=1, env={})
