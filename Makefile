@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: venv deps lint unit integration e2e e2e-kind kind-down test demo generate helm-lint dashboard-png bench bench-short gpu-check gpu-wheels grafana llm-env
+.PHONY: venv deps images lint unit integration e2e e2e-kind kind-down test demo generate helm-lint dashboard-png bench bench-short gpu-check gpu-wheels grafana llm-env
 
 # The main job: a local Triton, the demo model, a policy and load; watch it switch.
 demo: venv
@@ -52,16 +52,24 @@ dashboard-png: venv deps k8s-bins grafana
 
 # Debian packages the tests use: prometheus (the server and promtool); nftables (kube-proxy's
 # nftables mode and the pod network's filter), conntrack and iptables (to look at and clean up
-# what kube-proxy does). Installed only when missing; the package lists are refreshed only when
-# the install fails without.
-DEBIAN_PACKAGES := prometheus nftables conntrack iptables
+# what kube-proxy does); mmdebstrap and buildah (the images, `make images`), containerd and runc
+# (which run them in tests/integration/test_images.py). Installed only when missing; the package
+# lists are refreshed only when the install fails without.
+DEBIAN_PACKAGES := prometheus nftables conntrack iptables mmdebstrap buildah containerd runc
 deps:
-	@(for tool in prometheus promtool nft conntrack iptables; do \
+	@(for tool in prometheus promtool nft conntrack iptables mmdebstrap buildah containerd ctr runc; do \
 	  command -v $$tool >/dev/null || exit 1; done) || { \
 	  sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  $$sudo apt-get install -y --no-install-recommends $(DEBIAN_PACKAGES) \
 	  || { $$sudo apt-get update && $$sudo apt-get install -y --no-install-recommends $(DEBIAN_PACKAGES); }; }
+
+# The operator, sidecar and CPU-Triton images from their Dockerfiles, without a Docker engine or a
+# registry: buildah on a python:3.11-slim stand-in made from Debian packages, each image an OCI
+# archive in ${BATCHPILOT_CACHE:-~/.cache/batchpilot}/images (for `ctr images import`), rebuilt
+# only when its inputs change (e2e/README.md, "Images").
+images: venv deps
+	$(PY) -m e2e.cluster images
 
 unit: venv
 	$(PY) -m pytest tests/unit

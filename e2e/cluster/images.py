@@ -144,9 +144,28 @@ def reference(name: str, tag: str) -> str:
     return f"{REFERENCE_DOMAIN}/{name}:{tag}"
 
 
-def archive(name: str) -> BuiltImage:
-    """The archive and reference of image `name` as the last ``images`` run left it (for
-    ``ctr -n k8s.io images import <archive>``, then pods use the reference)."""
+def archive(
+    name: str, *, context: Path = locations.REPO_ROOT, recipes: Sequence[ImageRecipe] = IMAGES
+) -> BuiltImage:
+    """The archive and reference of image `name` built from this checkout's current inputs, for
+    ``ctr -n k8s.io images import <archive>``; pods then name the reference. Builds nothing."""
+    recipe = next((recipe for recipe in recipes if recipe.name == name), None)
+    if recipe is None:
+        raise ImageError(f"unknown images: {name}")
+    tarball = base_tarball_path()
+    if not tarball.exists():
+        raise ImageError(f"{name}: no base built yet; run `python -m e2e.cluster images`")
+    tag = image_tag(recipe, context=context, base=base_reference(tarball))
+    built = cached_image(name, tag)
+    if built is None:
+        raise ImageError(
+            f"{name}: not built from the current inputs ({tag}); run `python -m e2e.cluster images`"
+        )
+    return built
+
+
+def last_built(name: str) -> BuiltImage:
+    """What the last ``images`` run (of any checkout sharing the cache) built as `name`."""
     try:
         current = json.loads((images_root() / "current.json").read_text())
         return BuiltImage.from_json(current[name], cached=True)
@@ -371,9 +390,13 @@ def storage() -> Buildah:
 # --- building ------------------------------------------------------------------------------
 
 
+def base_tarball_path() -> Path:
+    return images_root() / "base" / f"{BASE_SUITE}-{base_recipe_key()}.tar"
+
+
 def base_tarball() -> Path:
     """The base's root filesystem, made by mmdebstrap once per recipe."""
-    tarball = images_root() / "base" / f"{BASE_SUITE}-{base_recipe_key()}.tar"
+    tarball = base_tarball_path()
     if tarball.exists():
         return tarball
     log = logs_dir() / f"{BASE_NAME}.log"
@@ -423,6 +446,12 @@ def import_base(buildah: Buildah, tarball: Path, name: str) -> None:
 
 def build_arguments(base: str) -> dict[str, str]:
     return {"BASE": base}
+
+
+def image_tag(recipe: ImageRecipe, *, context: Path, base: str) -> str:
+    return input_tag(
+        context=context, dockerfile=recipe.dockerfile, base=base, build_args=build_arguments(base)
+    )
 
 
 def build_image(
@@ -499,12 +528,7 @@ def build(
     buildah = storage()
     results: list[BuiltImage] = []
     for recipe in chosen:
-        tag = input_tag(
-            context=context,
-            dockerfile=recipe.dockerfile,
-            base=base,
-            build_args=build_arguments(base),
-        )
+        tag = image_tag(recipe, context=context, base=base)
         built = cached_image(recipe.name, tag)
         if built is None:
             import_base(buildah, tarball, base)

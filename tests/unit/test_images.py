@@ -239,7 +239,8 @@ def test_a_second_run_with_unchanged_inputs_builds_nothing_and_a_change_rebuilds
     assert builds == ["one", "two", "one"]
     assert third[0].reference != first[0].reference
     assert third[1] == second[1]
-    assert images.archive("one").reference == third[0].reference
+    assert images.archive("one", context=context, recipes=recipes).archive == third[0].archive
+    assert images.last_built("one").reference == third[0].reference
 
 
 def test_an_archive_without_its_record_is_built_again(
@@ -258,9 +259,18 @@ def test_unknown_image_names_are_refused(cache: Path) -> None:
         images.build(["nope"])
 
 
-def test_an_image_never_built_says_how_to_build_it(cache: Path) -> None:
-    with pytest.raises(images.ImageError, match=r"python -m e2e\.cluster images"):
-        images.archive("batchpilot-operator")
+def test_an_image_not_built_from_the_current_inputs_says_how_to_build_it(
+    cache: Path, context: Path, builds: list[str]
+) -> None:
+    recipes = (images.ImageRecipe(name="one", dockerfile="Dockerfile"),)
+    with pytest.raises(images.ImageError, match=r"one: not built .*python -m e2e\.cluster images"):
+        images.archive("one", context=context, recipes=recipes)
+    images.build(context=context, recipes=recipes)
+    (context / "README.md").write_text("changed\n")
+    with pytest.raises(images.ImageError, match=r"one: not built from the current inputs"):
+        images.archive("one", context=context, recipes=recipes)
+    with pytest.raises(images.ImageError, match=r"no image built yet"):
+        images.last_built("two")
 
 
 def test_a_missing_tool_is_one_line_naming_it(
