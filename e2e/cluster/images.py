@@ -313,9 +313,16 @@ def require_tools(tools: Sequence[str] = ("buildah", "mmdebstrap")) -> None:
 
 
 def run_logged(
-    argv: Sequence[str], *, what: str, log: Path, timeout: float, env: Mapping[str, str]
+    argv: Sequence[str],
+    *,
+    what: str,
+    log: Path,
+    timeout: float,
+    env: Mapping[str, str],
+    capture: bool = False,
 ) -> str:
-    """Run `argv`, its stderr (and its stdout, unless returned) appended to `log`."""
+    """Run `argv` with its output appended to `log`; its stdout is returned instead where
+    `capture` asks for it."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("a") as stream:
         stream.write(f"\n$ {shlex.join(argv)}\n")
@@ -324,7 +331,7 @@ def run_logged(
             done = subprocess.run(
                 list(argv),
                 stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
+                stdout=subprocess.PIPE if capture else stream,
                 stderr=stream,
                 text=True,
                 timeout=timeout,
@@ -336,10 +343,9 @@ def run_logged(
             raise ImageError(f"{what}: {argv[0]} is not installed (`make deps`)") from None
         except subprocess.TimeoutExpired:
             raise ImageError(f"{what}: timed out after {timeout:.0f} s; log: {log}") from None
-        stream.write(done.stdout)
     if done.returncode != 0:
         raise ImageError(f"{what}: {argv[0]} failed (exit {done.returncode}); log: {log}")
-    return done.stdout
+    return done.stdout or ""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -366,10 +372,20 @@ class Buildah:
         return {**os.environ, "STORAGE_DRIVER": "vfs", "BUILDAH_ISOLATION": "chroot"}
 
     def run(
-        self, *arguments: str, what: str, log: Path, timeout: float = STEP_TIMEOUT_SECONDS
+        self,
+        *arguments: str,
+        what: str,
+        log: Path,
+        timeout: float = STEP_TIMEOUT_SECONDS,
+        capture: bool = False,
     ) -> str:
         return run_logged(
-            self.argv(*arguments), what=what, log=log, timeout=timeout, env=self.environment
+            self.argv(*arguments),
+            what=what,
+            log=log,
+            timeout=timeout,
+            env=self.environment,
+            capture=capture,
         )
 
     def has_image(self, name: str) -> bool:
@@ -428,7 +444,7 @@ def import_base(buildah: Buildah, tarball: Path, name: str) -> None:
         return
     log = logs_dir() / f"{BASE_NAME}.log"
     what = f"{BASE_NAME} (import)"
-    container = buildah.run("from", "scratch", what=what, log=log).strip()
+    container = buildah.run("from", "scratch", what=what, log=log, capture=True).strip()
     try:
         buildah.run("add", "--quiet", container, str(tarball), "/", what=what, log=log)
         configuration = [argument for pair in BASE_ENVIRONMENT for argument in ("--env", pair)]
@@ -469,6 +485,7 @@ def build_image(
         "bud",
         "--isolation",
         "chroot",
+        "--force-rm",  # no containers left behind by a failed step
         *(argument for pair in arguments for argument in ("--build-arg", pair)),
         *volumes,
         "--file",

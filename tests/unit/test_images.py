@@ -284,12 +284,15 @@ def test_a_missing_tool_is_one_line_naming_it(
 
 def test_a_failed_step_names_the_image_and_its_log(tmp_path: Path) -> None:
     log = tmp_path / "logs" / "one.log"
-    argv = [sys.executable, "-c", "import sys; print('compiling'); sys.exit('broken wheel')"]
+    script = "import sys; print('compiling', flush=True); sys.exit('broken wheel')"
+    argv = [sys.executable, "-c", script]
     with pytest.raises(images.ImageError) as raised:
         images.run_logged(argv, what="one", log=log, timeout=30, env={})
     assert str(raised.value) == f"one: {sys.executable} failed (exit 1); log: {log}"
-    assert "compiling" in log.read_text()
-    assert "broken wheel" in log.read_text()
+    assert log.read_text().splitlines()[-2:] == ["compiling", "broken wheel"]
+    identify = [sys.executable, "-c", "print('an id')"]
+    output = images.run_logged(identify, what="one", log=log, timeout=30, env={}, capture=True)
+    assert output == "an id\n"
 
 
 @pytest.mark.timeout(20)
