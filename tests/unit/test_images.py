@@ -10,6 +10,8 @@ import tarfile
 from pathlib import Path
 
 import pytest
+import yaml
+from e2e import fleet
 from e2e.cluster import images, locations
 
 OPERATOR_LIKE = """\
@@ -301,3 +303,30 @@ def test_a_step_that_hangs_is_stopped_and_named(tmp_path: Path) -> None:
     argv = [sys.executable, "-c", "import time; time.sleep(60)"]
     with pytest.raises(images.ImageError, match=r"one: timed out after 1 s; log: "):
         images.run_logged(argv, what="one", log=log, timeout=1, env={})
+
+
+def test_kind_s_triton_pods_run_the_deployment_s_tritonserver_command() -> None:
+    """On kind the Triton image runs what manifests/triton-deployment.yaml runs."""
+    documents = yaml.safe_load_all(
+        (locations.REPO_ROOT / "manifests" / "triton-deployment.yaml").read_text()
+    )
+    deployment = next(d for d in documents if d["kind"] == "Deployment")
+    (container,) = (
+        c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "triton"
+    )
+    pod = fleet.triton_pod("t", labels={}, gated=False, repository_secret="credential")
+    assert pod.spec is not None
+    (triton,) = (c for c in pod.spec.containers if c.name == "triton")
+    assert triton.command == container["command"]
+    assert triton.args == container["args"]
+    assert [variable.name for variable in triton.env or []] == ["TRITON_REPOSITORY_TOKEN"]
+
+
+def test_kind_s_triton_pods_take_their_models_and_grpc_age_as_tritonserver_flags() -> None:
+    arguments = fleet.tritonserver_arguments(
+        models=["gpu_sim", "other-1"], grpc_max_connection_age_ms=500, locked=False
+    )
+    assert "--load-model=gpu_sim" in arguments
+    assert "--load-model=other-1" in arguments
+    assert "--grpc-max-connection-age=500" in arguments
+    assert not any("restricted" in argument for argument in arguments)
