@@ -53,8 +53,8 @@ dashboard-png: venv deps k8s-bins grafana
 # Debian packages the tests use: prometheus (the server and promtool); nftables (kube-proxy's
 # nftables mode and the pod network's filter), conntrack and iptables (to look at and clean up
 # what kube-proxy does); mmdebstrap and buildah (the images, `make images`), containerd and runc
-# (which run them in tests/integration/test_images_running.py). Installed only when missing; the package
-# lists are refreshed only when the install fails without.
+# (which run them in tests/integration/test_images_running.py). Installed only when missing; the
+# package lists are refreshed only when the install fails without.
 DEBIAN_PACKAGES := prometheus nftables conntrack iptables mmdebstrap buildah containerd runc
 deps:
 	@(for tool in prometheus promtool nft conntrack iptables mmdebstrap buildah containerd ctr runc; do \
