@@ -19,8 +19,9 @@ gives a Docker user:
 Builds are cached by their inputs: an image's tag is a hash of its Dockerfile, every file its
 ``COPY`` lines take from the context (less what ``.dockerignore`` leaves out) and the base's tag,
 and its archive is written once under ``${BATCHPILOT_CACHE:-~/.cache/batchpilot}/images/``. A run
-whose inputs are unchanged builds nothing. ``current.json`` there names the archive and reference
-of each image last built, for whoever imports them into a node's containerd (``archive()``).
+whose inputs are unchanged builds nothing. For whoever imports them into a node's containerd,
+``archive(name)`` gives the archive and reference built from this checkout's current inputs, and
+``last_built(name)`` those of the last run of any checkout (``current.json`` there).
 buildah runs with the vfs driver and chroot isolation (no overlay or user namespaces needed), its
 storage under the same folder; each build logs to ``images/logs/<name>.log``.
 """
@@ -498,10 +499,13 @@ def build_image(
         timeout=BUILD_TIMEOUT_SECONDS,
     )
     target = archive_path(recipe.name, tag)
-    staging = target.with_name(f".staging-{target.name}")
-    staging.unlink(missing_ok=True)
-    buildah.run("push", "--quiet", name, f"oci-archive:{staging}:{name}", what=recipe.name, log=log)
-    staging.rename(target)
+    staging = target.with_name(f".staging-{os.getpid()}-{target.name}")
+    try:
+        push = ("push", "--quiet", name, f"oci-archive:{staging}:{name}")
+        buildah.run(*push, what=recipe.name, log=log)
+        staging.rename(target)
+    finally:
+        staging.unlink(missing_ok=True)
     seconds = time.monotonic() - started
     # The archive is what counts; the storage copy (vfs: whole layers) only takes room.
     buildah.run("rmi", "--force", name, what=f"{recipe.name} (clean up)", log=log)
@@ -562,7 +566,7 @@ def record_current(built: BuiltImage) -> None:
     except (OSError, ValueError):
         current = {}
     current[built.name] = built.to_json()
-    staging = path.with_name(".current.json")
+    staging = path.with_name(f".staging-{os.getpid()}-current.json")
     staging.write_text(json.dumps(current, indent=2, sort_keys=True) + "\n")
     staging.rename(path)
 
