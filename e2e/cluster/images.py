@@ -486,7 +486,6 @@ def build_image(
         "bud",
         "--isolation",
         "chroot",
-        "--force-rm",  # no containers left behind by a failed step
         *(argument for pair in arguments for argument in ("--build-arg", pair)),
         *volumes,
         "--file",
