@@ -73,6 +73,10 @@ RECIPE_VERSION: Final = "1"
 IGNORED_DIRECTORY_NAMES: Final = ("__pycache__",)
 IGNORED_SUFFIXES: Final = (".pyc", ".egg-info")
 
+# Archives kept per image: the newest few, so checkouts a few commits apart sharing the cache
+# each find theirs, and edits do not pile up hundreds of megabytes each.
+KEPT_ARCHIVES: Final = 3
+
 BASE_TIMEOUT_SECONDS: Final = 1200
 BUILD_TIMEOUT_SECONDS: Final = 1800
 STEP_TIMEOUT_SECONDS: Final = 600
@@ -553,9 +557,21 @@ def build(
         if built is None:
             import_base(buildah, tarball, base)
             built = build_image(buildah, recipe, base=base, tag=tag, context=context)
+            prune_archives(recipe.name, keep=KEPT_ARCHIVES)
         results.append(built)
         record_current(built)
     return results
+
+
+def prune_archives(name: str, *, keep: int) -> list[Path]:
+    """Remove all but the `keep` newest archives of image `name` (and their records)."""
+    pattern = re.compile(rf"{re.escape(name)}-[0-9a-f]{{{TAG_LENGTH}}}\.oci\.tar")
+    archives = [path for path in images_root().iterdir() if pattern.fullmatch(path.name)]
+    archives.sort(key=lambda path: path.stat().st_mtime, reverse=True)
+    for old in archives[keep:]:
+        old.with_suffix(".json").unlink(missing_ok=True)
+        old.unlink(missing_ok=True)
+    return archives[keep:]
 
 
 def record_current(built: BuiltImage) -> None:

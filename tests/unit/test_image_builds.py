@@ -5,6 +5,7 @@ import gzip
 import hashlib
 import io
 import json
+import os
 import sys
 import tarfile
 from pathlib import Path
@@ -254,6 +255,22 @@ def test_an_archive_without_its_record_is_built_again(
     (again,) = images.build(context=context, recipes=recipes)
     assert builds == ["one", "one"]
     assert not again.cached
+
+
+def test_only_the_newest_archives_of_an_image_are_kept(cache: Path) -> None:
+    root = images.images_root()
+    for age, tag in enumerate(["0" * 16, "1" * 16, "2" * 16, "3" * 16]):
+        for path in (images.archive_path("one", tag), images.archive_path("one-two", tag)):
+            path.write_bytes(b"archive")
+            path.with_suffix(".json").write_text("{}")
+            os.utime(path, (1000 - age, 1000 - age))
+    removed = images.prune_archives("one", keep=2)
+    assert removed == [images.archive_path("one", "2" * 16), images.archive_path("one", "3" * 16)]
+    left = sorted(path.name for path in root.iterdir() if path.name.startswith("one-0"))
+    assert left == ["one-0000000000000000.oci.json", "one-0000000000000000.oci.tar"]
+    assert images.archive_path("one", "1" * 16).exists()
+    assert not images.archive_path("one", "3" * 16).with_suffix(".json").exists()
+    assert len(list(root.glob("one-two-*.oci.tar"))) == 4
 
 
 def test_unknown_image_names_are_refused(cache: Path) -> None:
