@@ -26,7 +26,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tritonclient.grpc
 import tritonclient.http
+import tritonclient.utils
 import yaml
 from e2e.cluster import images, locations
 
@@ -36,6 +38,13 @@ NAMESPACE = "batchpilot-images-test"
 TOKEN = "0123456789abcdef"
 HEADER = "batchpilot-repository-token"
 MODELS = locations.REPO_ROOT / "manifests" / "model-repository"
+# containerd 1.6's default set; ctr takes no `ALL`. Dropping each is `drop: [ALL]` (the tests
+# check that the bounding set ends up empty).
+DEFAULT_CAPABILITIES = (
+    "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW",
+    "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
+)  # fmt: skip
 
 
 def missing_prerequisite() -> str | None:
@@ -100,6 +109,7 @@ class Containerd:
         return [
             "ctr", "--address", str(self.socket), "--namespace", NAMESPACE,
             "run", "--rm", "--read-only", "--seccomp", "--net-host",
+            *(argument for cap in DEFAULT_CAPABILITIES for argument in ("--cap-drop", cap)),
             "--env", "HOME=/tmp",
             *(argument for mount in mounts for argument in ("--mount", mount)),
             reference, container, *argv,
@@ -158,9 +168,18 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def wait_for(url: str, *, headers: dict[str, str] | None = None, timeout: float = 120) -> None:
+def wait_for(
+    url: str,
+    *,
+    headers: dict[str, str] | None = None,
+    timeout: float = 120,
+    process: subprocess.Popen[str] | None = None,
+) -> None:
+    """Until `url` answers; an OSError if it does not in time or `process` ends first."""
     deadline = time.monotonic() + timeout
     while True:
+        if process is not None and process.poll() is not None:
+            raise OSError(f"exited with {process.returncode} before {url} answered")
         try:
             with urllib.request.urlopen(
                 urllib.request.Request(url, headers=headers or {}), timeout=2
@@ -249,11 +268,11 @@ def triton(
         reference = built["batchpilot-triton"].reference
         process = subprocess.Popen(
             containerd.run_argv(reference, "triton", argv, mounts=mounts),
-            stdin=subprocess.DEVNULL, stdout=stream, stderr=stream,
+            stdin=subprocess.DEVNULL, stdout=stream, stderr=stream, text=True,
         )  # fmt: skip
     try:
         try:
-            wait_for(f"http://127.0.0.1:{ports['http']}/v2/models/gpu_sim/ready")
+            wait_for(f"http://127.0.0.1:{ports['http']}/v2/models/gpu_sim/ready", process=process)
         except OSError:
             pytest.fail(f"Triton did not become ready: {log.read_text()[-3000:]}")
         yield ports
@@ -266,10 +285,13 @@ def triton(
             process.wait(timeout=30)
 
 
-def uid_of(pid: int) -> int:
+def status_field(pid: int, field: str) -> str:
     status = Path(f"/proc/{pid}/status").read_text()
-    line = next(line for line in status.splitlines() if line.startswith("Uid:"))
-    return int(line.split()[1])
+    return next(line for line in status.splitlines() if line.startswith(f"{field}:")).split()[1]
+
+
+def uid_of(pid: int) -> int:
+    return int(status_field(pid, "Uid"))
 
 
 def test_triton_image_serves_gpu_sim_as_uid_1000_on_a_read_only_root(
@@ -288,6 +310,9 @@ def test_triton_image_serves_gpu_sim_as_uid_1000_on_a_read_only_root(
     server = containerd.task_pid("triton")
     children = Path(f"/proc/{server}/task/{server}/children").read_text().split()
     assert uid_of(server) == 1000
+    assert int(status_field(server, "CapEff"), 16) == 0
+    assert int(status_field(server, "CapBnd"), 16) == 0
+    assert status_field(server, "NoNewPrivs") == "1"
     assert children, "the Python backend's stubs run as the server's children"
     assert {uid_of(int(child)) for child in children} == {1000}
 
@@ -306,6 +331,18 @@ def test_triton_image_refuses_a_model_load_without_the_deployment_s_header(
     assert post_status(load, headers={HEADER: "wrong"}) == 403
     assert post_status(load, headers={HEADER: TOKEN}) == 200
     wait_for(f"http://127.0.0.1:{triton['http']}/v2/models/gpu_sim/ready")
+
+    grpc = tritonclient.grpc.InferenceServerClient(f"127.0.0.1:{triton['grpc']}")
+    try:
+        with pytest.raises(tritonclient.utils.InferenceServerException, match="restricted"):
+            grpc.load_model("gpu_sim")
+        with pytest.raises(tritonclient.utils.InferenceServerException, match="restricted"):
+            grpc.load_model("gpu_sim", headers={HEADER: TOKEN})
+        # Over gRPC, Triton expects the header's name with its own prefix.
+        grpc.load_model("gpu_sim", headers={f"triton-grpc-protocol-{HEADER}": TOKEN})
+        assert grpc.is_model_ready("gpu_sim")
+    finally:
+        grpc.close()
 
 
 def test_operator_image_runs_batchpilot_as_65532_without_the_harness(
@@ -339,7 +376,7 @@ def test_sidecar_image_serves_healthz_beside_the_triton_image(
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
-        wait_for(f"http://127.0.0.1:{port}/healthz", timeout=60)
+        wait_for(f"http://127.0.0.1:{port}/healthz", timeout=60, process=process)
         assert uid_of(containerd.task_pid("sidecar")) == 65532
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=10) as response:
             status = json.load(response)
