@@ -50,19 +50,24 @@ helm-lint: venv k8s-bins
 dashboard-png: venv deps k8s-bins grafana
 	BATCHPILOT_DASHBOARD_PNG=charts/batchpilot/dashboard.png $(PY) -m pytest tests/integration/test_grafana.py -k loads_the_dashboard
 
-# Debian packages the tests use: prometheus (the server and promtool); nftables (kube-proxy's
-# nftables mode and the pod network's filter), conntrack and iptables (to look at and clean up
-# what kube-proxy does); mmdebstrap and buildah (the images, `make images`), containerd and runc
-# (which run them in tests/integration/test_images_running.py). Installed only when missing; the
-# package lists are refreshed only when the install fails without.
-DEBIAN_PACKAGES := prometheus nftables conntrack iptables mmdebstrap buildah containerd runc
+# Debian packages the tests use, as tool:package: prometheus (the server and promtool); nftables
+# (kube-proxy's nftables mode and the pod network's filter), conntrack and iptables (to look at
+# and clean up what kube-proxy does); mmdebstrap and buildah (the images, `make images`),
+# containerd and runc (which run them in tests/integration/test_images_running.py). Only the
+# packages of missing tools are installed: a machine whose containerd and runc come from Docker's
+# containerd.io keeps them (Debian's containerd would replace it). The package lists are
+# refreshed only when the install fails without.
+DEBIAN_TOOLS := prometheus:prometheus promtool:prometheus nft:nftables conntrack:conntrack \
+	iptables:iptables mmdebstrap:mmdebstrap buildah:buildah containerd:containerd \
+	ctr:containerd runc:runc
 deps:
-	@(for tool in prometheus promtool nft conntrack iptables mmdebstrap buildah containerd ctr runc; do \
-	  command -v $$tool >/dev/null || exit 1; done) || { \
+	@missing=$$(for pair in $(DEBIAN_TOOLS); do \
+	  command -v $${pair%%:*} >/dev/null || echo $${pair#*:}; done | sort -u | tr '\n' ' '); \
+	[ -z "$$missing" ] || { \
 	  sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 	  export DEBIAN_FRONTEND=noninteractive; \
-	  $$sudo apt-get install -y --no-install-recommends $(DEBIAN_PACKAGES) \
-	  || { $$sudo apt-get update && $$sudo apt-get install -y --no-install-recommends $(DEBIAN_PACKAGES); }; }
+	  $$sudo apt-get install -y --no-install-recommends $$missing \
+	  || { $$sudo apt-get update && $$sudo apt-get install -y --no-install-recommends $$missing; }; }
 
 # The operator, sidecar and CPU-Triton images from their Dockerfiles, without a Docker engine or a
 # registry: buildah on a python:3.11-slim stand-in made from Debian packages, each image an OCI
