@@ -17,9 +17,9 @@ gives a Docker user:
   image.
 
 Builds are cached by their inputs: an image's tag is a hash of its Dockerfile, every file its
-``COPY`` lines take from the context (less what ``.dockerignore`` leaves out) and the base's tag,
-and its archive is written once under ``${BATCHPILOT_CACHE:-~/.cache/batchpilot}/images/``. A run
-whose inputs are unchanged builds nothing. For whoever imports them into a node's containerd,
+``COPY`` lines take from the context (less what its ``.dockerignore`` leaves out) and the base's
+tag, and its archive is written once under ``${BATCHPILOT_CACHE:-~/.cache/batchpilot}/images/``.
+A run whose inputs are unchanged builds nothing. For whoever imports them into a node's containerd,
 ``archive(name)`` gives the archive and reference built from this checkout's current inputs, and
 ``last_built(name)`` those of the last run of any checkout (``current.json`` there).
 buildah runs with the vfs driver and chroot isolation (no overlay or user namespaces needed), its
@@ -29,6 +29,7 @@ storage under the same folder; each build logs to ``images/logs/<name>.log``.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import hashlib
 import json
 import os
@@ -68,10 +69,6 @@ REFERENCE_DOMAIN: Final = "localhost"
 TAG_LENGTH: Final = 16
 # Bumped when the way an image is built changes in a way its inputs do not show.
 RECIPE_VERSION: Final = "1"
-
-# What .dockerignore leaves out below the copied folders; a unit test keeps them in step.
-IGNORED_DIRECTORY_NAMES: Final = ("__pycache__",)
-IGNORED_SUFFIXES: Final = (".pyc", ".egg-info")
 
 # Archives kept per image: the newest few, so checkouts a few commits apart sharing the cache
 # each find theirs, and edits do not pile up hundreds of megabytes each.
@@ -232,14 +229,35 @@ def copied_sources(dockerfile: str) -> list[str]:
     return sources
 
 
-def ignored(relative: Path) -> bool:
-    return any(part in IGNORED_DIRECTORY_NAMES for part in relative.parts) or any(
-        part.endswith(IGNORED_SUFFIXES) for part in relative.parts
-    )
+def ignore_patterns(context: Path) -> list[str]:
+    """The context's .dockerignore, in the two forms it uses: a path from the context's root
+    (`.venv`) and a name at any depth (`**/__pycache__`, `**/*.pyc`)."""
+    try:
+        lines = (context / ".dockerignore").read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    patterns = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    for pattern in patterns:
+        if pattern.startswith("!") or "/" in pattern.removeprefix("**/"):
+            raise ImageError(f".dockerignore: {pattern!r} is a form the input hash does not read")
+    return patterns
+
+
+def ignored(relative: Path, patterns: Sequence[str]) -> bool:
+    parts = relative.parts
+    for pattern in patterns:
+        if pattern.startswith("**/"):
+            if any(fnmatch.fnmatchcase(part, pattern.removeprefix("**/")) for part in parts):
+                return True
+        elif fnmatch.fnmatchcase(parts[0], pattern):
+            return True
+    return False
 
 
 def context_files(context: Path, sources: Iterable[str]) -> list[Path]:
-    """Every file the sources name, relative to the context, sorted; directories recursively."""
+    """Every file the sources name, relative to the context, sorted; directories recursively,
+    less what the context's .dockerignore leaves out (as the build leaves it out)."""
+    patterns = ignore_patterns(context)
     files: set[Path] = set()
     for source in sources:
         if any(character in source for character in "*?["):
@@ -250,7 +268,7 @@ def context_files(context: Path, sources: Iterable[str]) -> list[Path]:
         candidates = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
         for candidate in candidates:
             relative = candidate.relative_to(context.resolve())
-            if not ignored(relative):
+            if not ignored(relative, patterns):
                 files.add(relative)
     return sorted(files)
 

@@ -34,6 +34,8 @@ COPY ["data", "/data"]
 @pytest.fixture
 def context(tmp_path: Path) -> Path:
     root = tmp_path / "context"
+    root.mkdir()
+    (root / ".dockerignore").write_text("**/__pycache__\n**/*.pyc\n")
     (root / "src" / "pkg" / "__pycache__").mkdir(parents=True)
     (root / "data").mkdir()
     (root / "unrelated").mkdir()
@@ -122,12 +124,35 @@ def test_the_tag_follows_a_file_s_executable_bit(context: Path) -> None:
     assert tag_of(context) != first
 
 
-def test_dockerignore_leaves_out_what_the_hash_leaves_out() -> None:
-    lines = (locations.REPO_ROOT / ".dockerignore").read_text().splitlines()
-    nested = {line.removeprefix("**/") for line in lines if line.startswith("**/")}
-    expected = {*images.IGNORED_DIRECTORY_NAMES, *(f"*{s}" for s in images.IGNORED_SUFFIXES)}
-    assert nested == expected
-    assert {".venv", ".git", ".run"} <= set(lines)
+def test_the_hash_leaves_out_what_dockerignore_leaves_out(context: Path) -> None:
+    (context / ".dockerignore").write_text("# comment\n\nsrc\n**/*.txt\n")
+    assert images.context_files(context, ["src", "README.md", "data"]) == [Path("README.md")]
+
+
+def test_without_dockerignore_everything_copied_counts(context: Path) -> None:
+    (context / ".dockerignore").unlink()
+    files = images.context_files(context, ["src"])
+    assert files == [
+        Path("src/pkg/__init__.py"),
+        Path("src/pkg/__pycache__/__init__.cpython-311.pyc"),
+    ]
+
+
+def test_dockerignore_forms_the_hash_cannot_read_are_refused(context: Path) -> None:
+    (context / ".dockerignore").write_text("src/pkg/*.py\n")
+    with pytest.raises(images.ImageError, match="does not read"):
+        images.context_files(context, ["src"])
+    (context / ".dockerignore").write_text("!src\n")
+    with pytest.raises(images.ImageError, match="does not read"):
+        images.context_files(context, ["src"])
+
+
+def test_the_repository_s_dockerignore_keeps_environments_and_bytecode_out() -> None:
+    patterns = images.ignore_patterns(locations.REPO_ROOT)
+    assert {".venv", ".git", ".run", "**/__pycache__", "**/*.pyc"} <= set(patterns)
+    files = images.context_files(locations.REPO_ROOT, ["operator/batchpilot"])
+    assert files
+    assert not [f for f in files if "__pycache__" in f.parts or f.suffix == ".pyc"]
 
 
 def test_the_base_recipe_key_changes_with_its_packages(monkeypatch: pytest.MonkeyPatch) -> None:
