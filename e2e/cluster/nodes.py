@@ -1,0 +1,700 @@
+"""A real node for the test cluster: containerd 2.x and a kubelet, Pods on a CNI bridge.
+
+kwok nodes fake Pods; this one runs them. containerd (built from its Go module, with runc from
+Debian) and a kubelet (built from the same Kubernetes module as the control plane) run as the
+run's processes, each with its configuration, data and sockets under ``<state>/node``, so that
+nothing of theirs lands in /var/lib, /run or /etc: containerd's root and state, the runc root,
+network-namespace mounts (``netns_mounts_under_state_dir``), the kubelet's root, Pod logs and
+volume-plugin dir, the CNI configuration and host-local's leases, a resolv.conf with no outside
+resolver, and the pause image, built here (``pauseimages``) and pinned as the sandbox image.
+
+Pods get their IPs from CNI (Debian's bridge, host-local and loopback plugins) on the bridge
+``BRIDGE``, whose gateway, the first address of the node's podCIDR, the run creates before the
+API server starts: the API server listens on it and advertises it, so the ``kubernetes`` Service
+routes Pods to it through kube-proxy as in a cluster (in-cluster config just works), and the
+kubelet serves on it, as a node serves on its InternalIP. Pods route only the pod network and
+the Service range, through the gateway; there is no masquerade and no default route, and
+podnetwork's filter keeps the bridge's traffic among the run's interfaces.
+
+The node's cgroups sit under ``/<CGROUP_ROOT>`` in every v1 hierarchy (the kubelet's
+``cgroupRoot``, cgroupfs driver), so ``clean`` can find them by name. ``clean`` needs nothing but
+the state dir and those names, so it also cleans up after a run that was killed: it kills what
+runs in the node's cgroups, deletes runc's containers, unmounts everything under the node's dir
+(deepest first), removes the cgroups, the bridge and the veths on it, the shims' sockets, the
+kubelet's iptables chains and its symlinks in /var/log/containers.
+"""
+
+import contextlib
+import dataclasses
+import ipaddress
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from e2e.cluster import certificates
+
+NAME = "batchpilot-node-0"
+BRIDGE = "bpenode0"
+"""On podnetwork's ``bpe`` prefix, so its filter treats the bridge as one of the run's links."""
+CGROUP_ROOT = "batchpilot-e2e"
+NETWORK_NAME = "batchpilot-e2e"
+TAINT_KEY = "batchpilot.dev/real-node"
+"""Keeps Pods that do not ask for the real node (tolerate this, select NODE_LABEL) on kwok."""
+NODE_LABEL = ("batchpilot.dev/node", "real")
+CNI_BIN_DIR = Path("/usr/lib/cni")
+CNI_PLUGINS = ("bridge", "host-local", "loopback")
+CGROUP_MOUNTS = Path("/sys/fs/cgroup")
+LEGACY_CONTAINER_LOGS = Path("/var/log/containers")
+"""Where every kubelet links its containers' logs, whatever its podLogsDir."""
+CNI_CACHE = Path("/var/lib/cni/results")
+"""libcni's cache of results, named ``<network>-<container id>-<interface>``."""
+KUBELET_CHAINS = (
+    ("filter", "KUBE-FIREWALL"),
+    ("mangle", "KUBE-IPTABLES-HINT"),
+    ("mangle", "KUBE-KUBELET-CANARY"),
+    ("nat", "KUBE-KUBELET-CANARY"),
+    ("filter", "KUBE-KUBELET-CANARY"),
+)
+"""The kubelet's iptables chains (kubelet_network_linux.go), for kube-proxy's iptables mode."""
+UNIX_PATH_MAX = 107  # sun_path holds 108 bytes with the terminating NUL
+
+
+class NodeError(Exception):
+    pass
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Node:
+    """One real node; every path follows from the state dir."""
+
+    name: str
+    state_dir: Path
+    pod_cidr: str
+    bridge: str = BRIDGE
+    cgroup_root: str = CGROUP_ROOT
+    network_name: str = NETWORK_NAME
+    kubelet_port: int = 0
+    kubelet_healthz_port: int = 0
+
+    @property
+    def directory(self) -> Path:
+        return self.state_dir / "node"
+
+    @property
+    def gateway(self) -> str:
+        return str(next(ipaddress.ip_network(self.pod_cidr).hosts()))
+
+    @property
+    def containerd_socket(self) -> Path:
+        return self.directory / "containerd.sock"
+
+    @property
+    def containerd_config(self) -> Path:
+        return self.directory / "containerd.toml"
+
+    @property
+    def containerd_root(self) -> Path:
+        return self.directory / "containerd"
+
+    @property
+    def containerd_state(self) -> Path:
+        return self.directory / "run"
+
+    @property
+    def runc_root(self) -> Path:
+        return self.directory / "runc"
+
+    @property
+    def kubelet_root(self) -> Path:
+        return self.directory / "kubelet"
+
+    @property
+    def kubelet_config(self) -> Path:
+        return self.directory / "kubelet.yaml"
+
+    @property
+    def kubelet_kubeconfig(self) -> Path:
+        return self.directory / "kubelet.kubeconfig"
+
+    @property
+    def pod_logs(self) -> Path:
+        return self.directory / "pod-logs"
+
+    @property
+    def cni_conf_dir(self) -> Path:
+        return self.directory / "cni"
+
+    @property
+    def ipam_dir(self) -> Path:
+        return self.directory / "ipam"
+
+    @property
+    def resolv_conf(self) -> Path:
+        return self.directory / "resolv.conf"
+
+    @property
+    def identity(self) -> certificates.Identity:
+        """The kubelet's client identity, which Node authorization ties to this node."""
+        return certificates.node_identity(self.name)
+
+
+# -- configuration, pure
+
+
+def _toml_string(value: str) -> str:
+    # JSON's string escapes are valid TOML basic-string escapes.
+    return json.dumps(value)
+
+
+def _toml_list(values: Sequence[str]) -> str:
+    return "[" + ", ".join(_toml_string(value) for value in values) + "]"
+
+
+DISABLED_PLUGINS = (
+    # Each would reach outside the node's dirs: /opt/containerd, /var/run/nri, a btrfs or
+    # devmapper pool, an OTLP endpoint.
+    "io.containerd.internal.v1.opt",
+    "io.containerd.image-verifier.v1.bindir",
+    "io.containerd.nri.v1.nri",
+    "io.containerd.snapshotter.v1.btrfs",
+    "io.containerd.snapshotter.v1.devmapper",
+    "io.containerd.snapshotter.v1.zfs",
+    "io.containerd.snapshotter.v1.blockfile",
+    "io.containerd.snapshotter.v1.erofs",
+    "io.containerd.tracing.processor.v1.otlp",
+)
+
+
+def containerd_config(node: Node, *, shim: Path, runc: Path, sandbox_image: str) -> str:
+    """containerd's configuration (version 4, containerd 2.4's): the CRI plugin with runc from Debian under
+    cgroupfs, CNI from the node's own conf dir, the local pause image, and every root, state and
+    socket under the node's dir."""
+    cri_runtime = "plugins.'io.containerd.cri.v1.runtime'"
+    runc_runtime = f"{cri_runtime}.containerd.runtimes.runc"
+    return f"""\
+# Generated by e2e/cluster/nodes.py.
+version = 4
+root = {_toml_string(str(node.containerd_root))}
+state = {_toml_string(str(node.containerd_state))}
+imports = []
+disabled_plugins = {_toml_list(DISABLED_PLUGINS)}
+
+[plugins.'io.containerd.server.v1.grpc']
+  address = {_toml_string(str(node.containerd_socket))}
+
+[plugins.'io.containerd.server.v1.ttrpc']
+  address = {_toml_string(str(node.containerd_socket) + ".ttrpc")}
+
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = 'overlayfs'
+
+[plugins.'io.containerd.cri.v1.images'.pinned_images]
+  sandbox = {_toml_string(sandbox_image)}
+
+[{cri_runtime}]
+  netns_mounts_under_state_dir = true
+  cdi_spec_dirs = []
+  enable_unprivileged_ports = false
+  enable_unprivileged_icmp = false
+
+[{cri_runtime}.containerd]
+  default_runtime_name = 'runc'
+
+[{runc_runtime}]
+  runtime_type = 'io.containerd.runc.v2'
+  runtime_path = {_toml_string(str(shim))}
+
+[{runc_runtime}.options]
+  BinaryName = {_toml_string(str(runc))}
+  Root = {_toml_string(str(node.runc_root))}
+  SystemdCgroup = false
+
+[{cri_runtime}.cni]
+  bin_dirs = {_toml_list([str(CNI_BIN_DIR)])}
+  conf_dir = {_toml_string(str(node.cni_conf_dir))}
+  max_conf_num = 1
+
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = '127.0.0.1'
+  stream_server_port = '0'
+"""
+
+
+def cni_config(node: Node, *, routes: Sequence[str]) -> dict[str, Any]:
+    """A bridge over the node's podCIDR with host-local addresses, routing only `routes`
+    (the pod network and the Service range) through the gateway: no default route and no
+    masquerade, so a Pod's traffic stays among the run's hosts."""
+    return {
+        "cniVersion": "1.0.0",
+        "name": node.network_name,
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": node.bridge,
+                "isGateway": True,
+                "isDefaultGateway": False,
+                "ipMasq": False,
+                # A Pod reaching itself through a Service comes back over its own port.
+                "hairpinMode": True,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": node.pod_cidr, "gateway": node.gateway}]],
+                    "routes": [{"dst": network} for network in routes],
+                    "dataDir": str(node.ipam_dir),
+                },
+            }
+        ],
+    }
+
+
+RESOLV_CONF = """\
+# The e2e node's Pods have no DNS: nothing answers on a Pod's own loopback, so a lookup fails at
+# once instead of reaching a resolver outside the run.
+nameserver 127.0.0.1
+options ndots:1 timeout:1 attempts:1
+"""
+
+
+def kubelet_config(node: Node, *, pki: certificates.Pki) -> dict[str, Any]:
+    """The kubelet on cgroup v1 with the cgroupfs driver, authenticated by the run's CA and
+    authorized by the API server, serving on the gateway with a certificate of the run's PKI.
+    Imported images must stay (no registry to pull them again), so image GC is off; the
+    eviction thresholds are ones a busy 2-core, 24 GiB machine does not trip."""
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        # Kubernetes 1.35+ refuses cgroup v1 unless told (KEP-5573); these machines have v1.
+        "failCgroupV1": False,
+        "cgroupDriver": "cgroupfs",
+        "cgroupRoot": f"/{node.cgroup_root}",
+        "cgroupsPerQOS": True,
+        "enforceNodeAllocatable": ["pods"],
+        "failSwapOn": False,
+        "containerRuntimeEndpoint": f"unix://{node.containerd_socket}",
+        "address": node.gateway,
+        "port": node.kubelet_port,
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": node.kubelet_healthz_port,
+        "tlsCertFile": str(pki.kubelet_serving_cert),
+        "tlsPrivateKeyFile": str(pki.kubelet_serving_key),
+        "rotateCertificates": False,
+        "serverTLSBootstrap": False,
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": True, "cacheTTL": "10s"},
+            "x509": {"clientCAFile": str(pki.ca_cert)},
+        },
+        "authorization": {"mode": "Webhook"},
+        "resolvConf": str(node.resolv_conf),
+        "clusterDomain": "cluster.local",
+        "podLogsDir": str(node.pod_logs),
+        "volumePluginDir": str(node.directory / "volume-plugins"),
+        "staticPodPath": "",
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "imageMinimumGCAge": "24h",
+        "evictionHard": {
+            "memory.available": "256Mi",
+            "nodefs.available": "2%",
+            "nodefs.inodesFree": "2%",
+            "imagefs.available": "2%",
+        },
+        "evictionPressureTransitionPeriod": "30s",
+        # Pods start as soon as the kubelet sees them; status reaches the API at once.
+        "syncFrequency": "10s",
+        "nodeStatusUpdateFrequency": "5s",
+        "nodeStatusReportFrequency": "30s",
+        "serializeImagePulls": False,
+        "shutdownGracePeriod": "0s",  # graceful node shutdown needs systemd's inhibitor locks
+        "maxPods": 32,
+        "registerNode": True,
+    }
+
+
+def kubelet_argv(node: Node, *, kubelet: Path) -> list[str]:
+    return [
+        str(kubelet),
+        f"--config={node.kubelet_config}",
+        f"--kubeconfig={node.kubelet_kubeconfig}",
+        f"--root-dir={node.kubelet_root}",
+        f"--cert-dir={node.directory / 'kubelet-pki'}",
+        f"--hostname-override={node.name}",
+        f"--node-ip={node.gateway}",
+        "--v=1",
+    ]
+
+
+def containerd_argv(node: Node, *, containerd: Path) -> list[str]:
+    return [str(containerd), f"--config={node.containerd_config}", "--log-level=info"]
+
+
+def node_manifest(node: Node) -> dict[str, Any]:
+    """The Node as the run registers it before the kubelet starts: with its podCIDR (nothing
+    allocates one: the controller manager runs without --allocate-node-cidrs) and a taint that
+    keeps Pods meant for kwok nodes off it."""
+    key, value = NODE_LABEL
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": node.name,
+            "labels": {
+                "kubernetes.io/hostname": node.name,
+                "kubernetes.io/os": "linux",
+                key: value,
+            },
+        },
+        "spec": {
+            "podCIDR": node.pod_cidr,
+            "podCIDRs": [node.pod_cidr],
+            "taints": [{"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"}],
+        },
+    }
+
+
+def check_paths(node: Node) -> None:
+    """Unix sockets are limited to 108 bytes: say so instead of containerd failing oddly."""
+    longest = str(node.containerd_socket) + ".ttrpc"
+    if len(longest.encode()) > UNIX_PATH_MAX:
+        raise NodeError(
+            f"the state dir {node.state_dir} is too long for containerd's socket "
+            f"({len(longest)} bytes, at most {UNIX_PATH_MAX}); use a shorter --state-dir"
+        )
+
+
+def missing_tools(*, runc: str | None, cni_bin_dir: Path = CNI_BIN_DIR) -> list[str]:
+    """What the node needs from Debian and does not find, in words."""
+    missing = []
+    if runc is None:
+        missing.append("runc (Debian package runc)")
+    plugins = [plugin for plugin in CNI_PLUGINS if not (cni_bin_dir / plugin).is_file()]
+    if plugins:
+        missing.append(
+            f"CNI plugins {', '.join(plugins)} in {cni_bin_dir} "
+            "(Debian package containernetworking-plugins)"
+        )
+    for tool in ("ip", "iptables", "umount"):
+        if shutil.which(tool) is None:
+            missing.append(tool)
+    return missing
+
+
+# -- host setup
+
+
+def _run(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, check=False)
+
+
+def _must(*argv: str) -> str:
+    result = _run(*argv)
+    if result.returncode != 0:
+        raise NodeError(f"{' '.join(argv)}: {result.stderr.strip() or result.returncode}")
+    return result.stdout
+
+
+def cgroup_hierarchies(mounts: Path = CGROUP_MOUNTS) -> list[Path]:
+    """The v1 hierarchies (cpu, memory, ..., name=systemd); the controller-less v2 mount at
+    ``unified`` holds no kubelet cgroups."""
+    if not mounts.is_dir():
+        return []
+    return sorted(
+        path
+        for path in mounts.iterdir()
+        if path.is_dir() and not path.is_symlink() and path.name != "unified"
+        and (path / "cgroup.procs").exists()
+    )  # fmt: skip
+
+
+def make_cgroup_root(node: Node) -> None:
+    """The kubelet refuses a cgroupRoot that does not exist in every hierarchy it uses."""
+    for hierarchy in cgroup_hierarchies():
+        root = hierarchy / node.cgroup_root
+        root.mkdir(exist_ok=True)
+        if hierarchy.name == "cpuset":
+            # A new cpuset has no CPUs or memory nodes until given its parent's.
+            for name in ("cpuset.cpus", "cpuset.mems"):
+                (root / name).write_text((hierarchy / name).read_text())
+
+
+def make_bridge(node: Node) -> None:
+    """The node's bridge with the gateway address, up before the API server binds to it; the
+    bridge plugin finds and reuses it."""
+    _run("ip", "link", "del", node.bridge)
+    _must("ip", "link", "add", node.bridge, "type", "bridge")
+    _must("ip", "addr", "add", f"{node.gateway}/{ipaddress.ip_network(node.pod_cidr).prefixlen}",
+          "dev", node.bridge)  # fmt: skip
+    _must("ip", "link", "set", node.bridge, "up")
+
+
+def prepare(node: Node, *, routes: Sequence[str]) -> None:
+    """Everything the node needs on disk before containerd and the kubelet start."""
+    check_paths(node)
+    missing = missing_tools(runc=shutil.which("runc"))
+    if missing:
+        raise NodeError(f"the real node needs {'; '.join(missing)}: run `make deps`")
+    for path in (node.directory, node.cni_conf_dir, node.ipam_dir, node.pod_logs):
+        path.mkdir(parents=True, exist_ok=True)
+    node.resolv_conf.write_text(RESOLV_CONF)
+    (node.cni_conf_dir / "10-batchpilot-e2e.conflist").write_text(
+        json.dumps(cni_config(node, routes=routes), indent=2) + "\n"
+    )
+    make_cgroup_root(node)
+
+
+# -- images
+
+
+def import_image(node: Node, *, ctr: Path, archive: Path, timeout: float = 300.0) -> None:
+    """Import an OCI archive into the CRI's namespace, unpacked for its snapshotter."""
+    argv = [str(ctr), "--address", str(node.containerd_socket), "--namespace", "k8s.io",
+            "images", "import", "--snapshotter", "overlayfs", str(archive)]  # fmt: skip
+    try:
+        completed = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise NodeError(f"importing {archive} took more than {timeout:.0f} s") from None
+    if completed.returncode != 0:
+        raise NodeError(f"importing {archive}: {completed.stderr.strip()[-1000:]}")
+
+
+# -- cleanup, from names alone
+
+
+def _mount_points() -> list[str]:
+    """Mount points in /proc/self/mountinfo order (parents before children)."""
+    points = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split(" ")
+        # mountinfo escapes space, tab, newline and backslash as octal.
+        points.append(fields[4].encode().decode("unicode_escape"))
+    return points
+
+
+def mounts_under(directory: Path) -> list[str]:
+    prefix = str(directory).rstrip("/") + "/"
+    return [point for point in _mount_points() if point.startswith(prefix)]
+
+
+def cgroups_under(name: str) -> list[Path]:
+    """Every cgroup of the node in every hierarchy, deepest first."""
+    found = []
+    for hierarchy in cgroup_hierarchies():
+        root = hierarchy / name
+        if root.is_dir():
+            found += [Path(dirpath) for dirpath, _, _ in os.walk(root)]
+    return sorted(found, key=lambda path: len(path.parts), reverse=True)
+
+
+def _cgroup_pids(cgroups: Sequence[Path]) -> set[int]:
+    pids: set[int] = set()
+    for cgroup in cgroups:
+        with contextlib.suppress(OSError):
+            pids.update(int(pid) for pid in (cgroup / "cgroup.procs").read_text().split())
+    return pids
+
+
+def kill_cgroups(name: str, *, timeout: float = 10.0) -> list[int]:
+    """SIGKILL whatever runs in the node's cgroups (containers, pause processes) until nothing
+    does; the pids killed. A frozen cgroup is thawed first, or its tasks could not die."""
+    killed: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while True:
+        cgroups = cgroups_under(name)
+        for cgroup in cgroups:
+            state = cgroup / "freezer.state"
+            with contextlib.suppress(OSError):
+                if state.read_text().strip() != "THAWED":
+                    state.write_text("THAWED")
+        pids = _cgroup_pids(cgroups)
+        if not pids:
+            return sorted(killed)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        killed |= pids
+        if time.monotonic() > deadline:
+            raise NodeError(f"processes {sorted(pids)} in the node's cgroups outlived SIGKILL")
+        time.sleep(0.1)
+
+
+def delete_runc_containers(runc_root: Path) -> list[str]:
+    """runc's record of each container (its state dir), deleted by force."""
+    runc = shutil.which("runc")
+    if runc is None or not runc_root.is_dir():
+        return []
+    listed = _run(runc, "--root", str(runc_root), "list", "--format", "json").stdout.strip()
+    try:
+        containers = json.loads(listed or "[]") or []
+    except json.JSONDecodeError:
+        containers = []
+    ids = [str(container["id"]) for container in containers]
+    for container_id in ids:
+        _run(runc, "--root", str(runc_root), "delete", "--force", container_id)
+    return ids
+
+
+def unmount_under(directory: Path) -> list[str]:
+    """Unmount everything under the directory, children before parents; what was unmounted."""
+    done = []
+    for _ in range(3):  # a lazy unmount of a parent may uncover mounts stacked below it
+        points = mounts_under(directory)
+        if not points:
+            break
+        for point in reversed(points):
+            if _run("umount", point).returncode != 0:
+                _run("umount", "--lazy", point)
+            done.append(point)
+    left = mounts_under(directory)
+    if left:
+        raise NodeError(f"still mounted under {directory}: {left}")
+    return done
+
+
+def remove_cgroups(name: str) -> list[Path]:
+    removed = []
+    for cgroup in cgroups_under(name):
+        with contextlib.suppress(FileNotFoundError):
+            cgroup.rmdir()
+            removed.append(cgroup)
+    left = cgroups_under(name)
+    if left:
+        raise NodeError(f"cgroups left: {[str(path) for path in left]}")
+    return removed
+
+
+def bridge_ports(bridge: str) -> list[str]:
+    shown = _run("ip", "-json", "link", "show", "master", bridge)
+    if shown.returncode != 0:
+        return []
+    return [str(link["ifname"]) for link in json.loads(shown.stdout or "[]")]
+
+
+def remove_links(bridge: str) -> list[str]:
+    """The veths on the bridge (their Pods' ends die with them), then the bridge."""
+    removed = bridge_ports(bridge)
+    for link in removed:
+        _run("ip", "link", "del", link)
+    if _run("ip", "link", "del", bridge).returncode == 0:
+        removed.append(bridge)
+    return removed
+
+
+def shim_sockets(containerd_state: Path) -> list[Path]:
+    """The shims' sockets (under /run/containerd/s, named by a hash): each task's bundle holds
+    its shim's address."""
+    sockets = []
+    for address in containerd_state.glob("io.containerd.runtime.v2.task/*/*/address"):
+        with contextlib.suppress(OSError):
+            text = address.read_text().strip()
+            if text.startswith("unix://"):
+                sockets.append(Path(text.removeprefix("unix://")))
+    return sockets
+
+
+def remove_kubelet_chains() -> None:
+    """The kubelet's iptables chains and the jumps to KUBE-FIREWALL (both families)."""
+    for tool in ("iptables", "ip6tables"):
+        if shutil.which(tool) is None:
+            continue
+        for chain in ("INPUT", "OUTPUT"):
+            # -D removes one rule per call; the kubelet adds each jump once, but a restart may not.
+            while _run(tool, "-t", "filter", "-D", chain, "-j", "KUBE-FIREWALL").returncode == 0:
+                pass
+        for table, chain in KUBELET_CHAINS:
+            if _run(tool, "-t", table, "-F", chain).returncode == 0:
+                _run(tool, "-t", table, "-X", chain)
+
+
+def remove_log_links(pod_logs: Path, *, links_dir: Path = LEGACY_CONTAINER_LOGS) -> list[Path]:
+    removed = []
+    if not links_dir.is_dir():
+        return removed
+    prefix = str(pod_logs).rstrip("/") + "/"
+    for link in links_dir.iterdir():
+        with contextlib.suppress(OSError):
+            if link.is_symlink() and os.readlink(link).startswith(prefix):
+                link.unlink()
+                removed.append(link)
+    return removed
+
+
+def remove_cni_cache(network_name: str, *, cache: Path = CNI_CACHE) -> list[Path]:
+    removed = []
+    if cache.is_dir():
+        for entry in cache.glob(f"{network_name}-*"):
+            entry.unlink(missing_ok=True)
+            removed.append(entry)
+    return removed
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Cleaned:
+    killed: tuple[int, ...]
+    containers: tuple[str, ...]
+    unmounted: tuple[str, ...]
+    cgroups: tuple[Path, ...]
+    links: tuple[str, ...]
+
+    def summary(self) -> str:
+        parts = [
+            f"{len(self.killed)} processes killed" if self.killed else "",
+            f"{len(self.containers)} runc containers deleted" if self.containers else "",
+            f"{len(self.unmounted)} mounts" if self.unmounted else "",
+            f"{len(self.cgroups)} cgroups" if self.cgroups else "",
+            f"links {', '.join(self.links)}" if self.links else "",
+        ]
+        return "; ".join(part for part in parts if part)
+
+
+def clean(
+    node_dir: Path,
+    *,
+    bridge: str = BRIDGE,
+    cgroup_root: str = CGROUP_ROOT,
+    network_name: str = NETWORK_NAME,
+) -> Cleaned:
+    """Remove what a node left, from its dir and names alone: run after its kubelet, containerd
+    and shims were stopped (``processes.sweep`` finds those by their owner mark)."""
+    killed = kill_cgroups(cgroup_root)
+    containers = delete_runc_containers(node_dir / "runc")
+    sockets = shim_sockets(node_dir / "run")
+    unmounted = unmount_under(node_dir)
+    cgroups = remove_cgroups(cgroup_root)
+    links = remove_links(bridge)
+    for socket in sockets:
+        socket.unlink(missing_ok=True)
+    remove_kubelet_chains()
+    remove_log_links(node_dir / "pod-logs")
+    remove_cni_cache(network_name)
+    if node_dir.exists():
+        shutil.rmtree(node_dir)
+    return Cleaned(
+        killed=tuple(killed),
+        containers=tuple(containers),
+        unmounted=tuple(unmounted),
+        cgroups=tuple(cgroups),
+        links=tuple(links),
+    )
+
+
+def leftovers(node: Node) -> dict[str, list[str]]:
+    """What a node leaves behind if `clean` missed something; empty when clean."""
+    found = {
+        "mounts": mounts_under(node.directory),
+        "cgroups": [str(path) for path in cgroups_under(node.cgroup_root)],
+        "links": [node.bridge] * (_run("ip", "link", "show", node.bridge).returncode == 0),
+        "netns": [str(path) for path in node.containerd_state.glob("netns/*")],
+    }
+    return {kind: items for kind, items in found.items() if items}
+
+
+def environment(bin_dir: Path, base: Mapping[str, str]) -> dict[str, str]:
+    """containerd looks up shims on PATH before its own dir: ours first, not Debian's 1.6."""
+    return {**base, "PATH": f"{bin_dir}:{base.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"}
