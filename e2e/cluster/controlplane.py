@@ -41,10 +41,10 @@ from e2e.cluster import (
     certificates,
     clientconfigs,
     locations,
-    nodes,
     pauseimages,
     podnetwork,
     processes,
+    realnodes,
     rest,
     versions,
 )
@@ -102,15 +102,15 @@ class Cluster:
     ports: Ports
     nodes: tuple[str, ...]
     pod_cidrs: tuple[str, ...]
-    real_node: str = nodes.NAME
+    real_node: str = realnodes.NAME
 
     @property
     def kubeconfig(self) -> Path:
         return self.state_dir / "kubeconfig"
 
     @property
-    def node(self) -> nodes.Node:
-        return nodes.Node(
+    def node(self) -> realnodes.Node:
+        return realnodes.Node(
             name=self.real_node,
             state_dir=self.state_dir,
             pod_cidr=REAL_NODE_POD_CIDR,
@@ -120,7 +120,7 @@ class Cluster:
 
     @property
     def api_address(self) -> str:
-        return self.node.gateway
+        return str(self.node.gateway)
 
     @property
     def server(self) -> str:
@@ -343,11 +343,11 @@ def start(
     say(f"starting Kubernetes {versions.KUBERNETES} in {state_dir}")
     startup = _Startup(cluster, say=say)
     try:
-        nodes.prepare(cluster.node, routes=HOST_ROUTES)
+        realnodes.prepare(cluster.node, routes=HOST_ROUTES)
         pause_archive = pauseimages.build()
         _start_components(cluster, startup, bin_dir=bin_dir)
         _start_node(cluster, startup, bin_dir=bin_dir, pause_archive=pause_archive)
-    except (nodes.NodeError, pauseimages.PauseImageError) as error:
+    except (realnodes.NodeError, pauseimages.PauseImageError) as error:
         stop(state_dir=state_dir, keep_logs=True, say=lambda _: None)
         raise ClusterError(str(error)) from None
     except BaseException:
@@ -410,7 +410,7 @@ def _start_components(cluster: Cluster, startup: _Startup, *, bin_dir: Path) -> 
 
     # The API server binds the real node's gateway: the bridge first, and the filter that keeps
     # it to the run's interfaces.
-    nodes.make_bridge(cluster.node)
+    realnodes.make_bridge(cluster.node)
     podnetwork.claim(HOST_ROUTES, node_gateway=cluster.node.gateway)
     startup.start(
         "kube-apiserver",
@@ -531,25 +531,23 @@ def _start_components(cluster: Cluster, startup: _Startup, *, bin_dir: Path) -> 
     )
 
 
-def _start_node(
-    cluster: Cluster, startup: _Startup, *, bin_dir: Path, pause_archive: Path
-) -> None:
+def _start_node(cluster: Cluster, startup: _Startup, *, bin_dir: Path, pause_archive: Path) -> None:
     """containerd with the pause image imported, the Node registered, then its kubelet."""
     node = cluster.node
     runc = shutil.which("runc")
-    if runc is None:  # nodes.prepare said so already; this keeps the type checker informed
+    if runc is None:  # realnodes.prepare said so already; this keeps the type checker informed
         raise ClusterError("runc is not installed")
     node.containerd_config.write_text(
-        nodes.containerd_config(
+        realnodes.containerd_config(
             node,
             shim=bin_dir / "containerd-shim-runc-v2",
             runc=Path(runc),
             sandbox_image=pauseimages.image_name(),
         )
     )
-    environment = nodes.environment(bin_dir, os.environ)
+    environment = realnodes.environment(bin_dir, os.environ)
     startup.start(
-        "containerd", nodes.containerd_argv(node, containerd=bin_dir / "containerd"),
+        "containerd", realnodes.containerd_argv(node, containerd=bin_dir / "containerd"),
         env=environment,
     )  # fmt: skip
     startup.wait(
@@ -558,18 +556,20 @@ def _start_node(
         timeout=30,
         log_of="containerd",
     )
-    nodes.import_image(node, ctr=bin_dir / "ctr", archive=pause_archive)
+    realnodes.import_image(node, ctr=bin_dir / "ctr", archive=pause_archive)
     startup.say(f"  pause image imported: {time.monotonic() - startup.t0:.1f} s")
 
     admin = cluster.client()
-    admin.request("POST", "/api/v1/nodes", body=nodes.node_manifest(node))
+    admin.request("POST", "/api/v1/nodes", body=realnodes.node_manifest(node))
     clientconfigs.write(
         node.kubelet_kubeconfig, server=cluster.server, pki=cluster.pki, identity=node.identity
     )
     node.kubelet_config.write_text(
-        yaml.safe_dump(nodes.kubelet_config(node, pki=cluster.pki), sort_keys=False)
+        yaml.safe_dump(realnodes.kubelet_config(node, pki=cluster.pki), sort_keys=False)
     )
-    startup.start("kubelet", nodes.kubelet_argv(node, kubelet=bin_dir / "kubelet"), env=environment)
+    startup.start(
+        "kubelet", realnodes.kubelet_argv(node, kubelet=bin_dir / "kubelet"), env=environment
+    )
     startup.wait(
         f"node {node.name} Ready",
         lambda: _node_ready(admin, node.name),
@@ -635,8 +635,8 @@ def stop(
     node_dir = state_dir / "node"
     if network_free or node_dir.exists():
         try:
-            cleaned = nodes.clean(node_dir).summary()
-        except nodes.NodeError as error:
+            cleaned = realnodes.clean(node_dir).summary()
+        except realnodes.NodeError as error:
             say(f"the real node's cleanup left something: {error}")
         else:
             if cleaned:
