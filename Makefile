@@ -52,12 +52,16 @@ dashboard-png: venv deps k8s-bins grafana
 
 # Debian packages the tests use: prometheus (the server and promtool); nftables (kube-proxy's
 # nftables mode and the pod network's filter), conntrack and iptables (to look at and clean up
-# what kube-proxy does). Installed only when missing; the package lists are refreshed only when
-# the install fails without.
-DEBIAN_PACKAGES := prometheus nftables conntrack iptables
+# what kube-proxy does); for the cluster's real node, runc (containerd's runtime), the CNI
+# plugins (bridge, host-local, loopback), buildah and a static libc (the pause image).
+# Installed only when missing; the package lists are refreshed only when the install fails
+# without.
+DEBIAN_PACKAGES := prometheus nftables conntrack iptables runc containernetworking-plugins \
+	buildah gcc libc6-dev
 deps:
-	@(for tool in prometheus promtool nft conntrack iptables; do \
-	  command -v $$tool >/dev/null || exit 1; done) || { \
+	@(for tool in prometheus promtool nft conntrack iptables runc buildah gcc; do \
+	  command -v $$tool >/dev/null || exit 1; done; \
+	  test -x /usr/lib/cni/bridge && test -f /usr/lib/x86_64-linux-gnu/libc.a) || { \
 	  sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  $$sudo apt-get install -y --no-install-recommends $(DEBIAN_PACKAGES) \
