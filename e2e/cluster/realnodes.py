@@ -407,21 +407,22 @@ def _must(*argv: str) -> str:
 
 
 def cgroup_hierarchies(mounts: Path = CGROUP_MOUNTS) -> list[Path]:
-    """The v1 hierarchies (cpu, memory, ..., name=systemd); the controller-less v2 mount at
-    ``unified`` holds no kubelet cgroups."""
+    """Every mounted hierarchy: the v1 ones (cpu, memory, ..., name=systemd) and the
+    controller-less v2 one at ``unified``, where runc mirrors each container's cgroup."""
     if not mounts.is_dir():
         return []
     return sorted(
         path
         for path in mounts.iterdir()
-        if path.is_dir() and not path.is_symlink() and path.name != "unified"
-        and (path / "cgroup.procs").exists()
-    )  # fmt: skip
+        if path.is_dir() and not path.is_symlink() and (path / "cgroup.procs").exists()
+    )
 
 
 def make_cgroup_root(node: Node) -> None:
     """The kubelet refuses a cgroupRoot that does not exist in every hierarchy it uses."""
     for hierarchy in cgroup_hierarchies():
+        if hierarchy.name == "unified":
+            continue  # no controllers there; runc mirrors what it makes
         root = hierarchy / node.cgroup_root
         root.mkdir(exist_ok=True)
         if hierarchy.name == "cpuset":
@@ -531,18 +532,21 @@ def kill_cgroups(name: str, *, timeout: float = 10.0) -> list[int]:
 
 
 def delete_runc_containers(runc_root: Path) -> list[str]:
-    """runc's record of each container (its state dir), deleted by force."""
+    """runc's record of each container, deleted by force; the shim gives runc a root per
+    containerd namespace (``<root>/k8s.io``)."""
     runc = shutil.which("runc")
     if runc is None or not runc_root.is_dir():
         return []
-    listed = _run(runc, "--root", str(runc_root), "list", "--format", "json").stdout.strip()
-    try:
-        containers = json.loads(listed or "[]") or []
-    except json.JSONDecodeError:
-        containers = []
-    ids = [str(container["id"]) for container in containers]
-    for container_id in ids:
-        _run(runc, "--root", str(runc_root), "delete", "--force", container_id)
+    ids = []
+    for root in sorted(path for path in runc_root.iterdir() if path.is_dir()):
+        listed = _run(runc, "--root", str(root), "list", "--format", "json").stdout.strip()
+        try:
+            containers = json.loads(listed or "[]") or []
+        except json.JSONDecodeError:
+            containers = []
+        for container in containers:
+            _run(runc, "--root", str(root), "delete", "--force", str(container["id"]))
+            ids.append(str(container["id"]))
     return ids
 
 
