@@ -34,6 +34,10 @@ ENTRYPOINT ["/usr/bin/python3"]
 """
 
 
+RECIPE = "interpreter, its and its extension modules' libraries, stdlib"
+"""Part of the tag: a change to what goes in builds a new image."""
+
+
 class NodeImageError(Exception):
     pass
 
@@ -87,7 +91,8 @@ def minimal_python() -> NodeImage:
     """The fallback: this host's Debian python3.11 alone in an image (built once)."""
     if not HOST_PYTHON.is_file() or shutil.which("buildah") is None:
         raise NodeImageError(f"needs {HOST_PYTHON} (Debian python3.11) and buildah")
-    tag = hashlib.sha256(HOST_PYTHON.read_bytes() + CONTAINERFILE.encode()).hexdigest()[:12]
+    recipe = (CONTAINERFILE + RECIPE).encode()
+    tag = hashlib.sha256(HOST_PYTHON.read_bytes() + recipe).hexdigest()[:12]
     reference = f"localhost/batchpilot/node-python:{tag}"
     archive = locations.cache_root() / "node" / f"node-python-{tag}.oci.tar"
     if archive.is_file():
@@ -96,7 +101,10 @@ def minimal_python() -> NodeImage:
     with tempfile.TemporaryDirectory(prefix="batchpilot-node-python-") as scratch:
         context = Path(scratch) / "context"
         rootfs = context / "rootfs"
-        for path in (HOST_PYTHON, *_libraries(HOST_PYTHON)):
+        # The interpreter's libraries and its extension modules' (ssl, ctypes, ...).
+        binaries = [HOST_PYTHON, *sorted((HOST_STDLIB / "lib-dynload").glob("*.so"))]
+        libraries = {library for binary in binaries for library in _libraries(binary)}
+        for path in (HOST_PYTHON, *sorted(libraries)):
             _copy_into(rootfs, path)
         (rootfs / "usr/bin/python3").symlink_to("python3.11")
         shutil.copytree(

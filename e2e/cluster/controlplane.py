@@ -492,6 +492,8 @@ def _start_components(cluster: Cluster, startup: _Startup, *, bin_dir: Path) -> 
     )
     for name, pod_cidr in zip(cluster.nodes, cluster.pod_cidrs, strict=True):
         admin.request("POST", "/api/v1/nodes", body=node_manifest(name, pod_cidr))
+    # Registered before kube-proxy, which proxies for it, and before its kubelet starts.
+    admin.request("POST", "/api/v1/nodes", body=realnodes.node_manifest(cluster.node))
     startup.wait(
         f"{len(cluster.nodes)} kwok node(s) Ready",
         lambda: all(_node_ready(admin, name) for name in cluster.nodes),
@@ -560,7 +562,6 @@ def _start_node(cluster: Cluster, startup: _Startup, *, bin_dir: Path, pause_arc
     startup.say(f"  pause image imported: {time.monotonic() - startup.t0:.1f} s")
 
     admin = cluster.client()
-    admin.request("POST", "/api/v1/nodes", body=realnodes.node_manifest(node))
     clientconfigs.write(
         node.kubelet_kubeconfig, server=cluster.server, pki=cluster.pki, identity=node.identity
     )
@@ -576,6 +577,22 @@ def _start_node(cluster: Cluster, startup: _Startup, *, bin_dir: Path, pause_arc
         timeout=120,
         log_of="kubelet",
     )
+
+
+def restart_node(cluster: Cluster, *, say: Callable[[str], None] = print) -> None:
+    """Start the real node's containerd and kubelet again (after a crash and ``realnodes.clean``
+    with the bridge kept) and wait until the node is Ready."""
+    startup = _Startup(cluster, say=say)
+    try:
+        realnodes.prepare(cluster.node, routes=HOST_ROUTES)
+        _start_node(
+            cluster,
+            startup,
+            bin_dir=building.require_binaries(),
+            pause_archive=pauseimages.build(),
+        )
+    except (realnodes.NodeError, pauseimages.PauseImageError) as error:
+        raise ClusterError(str(error)) from None
 
 
 def _ctr_ok(ctr: Path, socket: Path) -> bool:

@@ -694,16 +694,21 @@ def clean(
     bridge: str = BRIDGE,
     cgroup_root: str = CGROUP_ROOT,
     network_name: str = NETWORK_NAME,
+    keep_bridge: bool = False,
 ) -> Cleaned:
     """Remove what a node left, from its dir and names alone: run after its kubelet, containerd
-    and shims were stopped (``processes.sweep`` finds those by their owner mark)."""
+    and shims were stopped (``processes.sweep`` finds those by their owner mark). The bridge
+    may stay (the API server listens on its gateway) while the node alone is restarted."""
     killed = kill_cgroups(cgroup_root)
     containers = delete_runc_containers(node_dir / "runc")
     sockets = shim_sockets(node_dir / "run")
     sandboxes = sandbox_ids(node_dir / "run")
     unmounted = unmount_under(node_dir)
     cgroups = remove_cgroups(cgroup_root)
-    links = remove_links(bridge)
+    links = [] if keep_bridge else remove_links(bridge)
+    for veth in bridge_ports(bridge) if keep_bridge else []:
+        _run("ip", "link", "del", veth)  # gone with their namespaces already, normally
+        links.append(veth)
     for socket in sockets:
         socket.unlink(missing_ok=True)
     remove_kubelet_chains()
