@@ -658,6 +658,11 @@ def stop(
         else:
             if cleaned:
                 say(f"removed the real node's {cleaned}")
+        left = realnodes.leftovers(
+            realnodes.Node(name=realnodes.NAME, state_dir=state_dir, pod_cidr=REAL_NODE_POD_CIDR)
+        )
+        if left:
+            say(f"the real node left {left}")
     if network_free:
         removed = podnetwork.release(HOST_ROUTES)
         if removed:
