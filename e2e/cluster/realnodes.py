@@ -625,6 +625,55 @@ def sandbox_ids(containerd_state: Path) -> list[str]:
     return [path.name for path in containerd_state.glob(f"{CRI_STATE}/sandboxes/*")]
 
 
+IPTABLES_TABLES = tuple(
+    (family, table) for family in ("ip", "ip6") for table in ("filter", "mangle", "nat")
+)
+"""The nftables tables iptables-nft makes on first use, the kubelet's chains among them."""
+TABLES_RECORD = "nft-tables-before.json"
+
+
+def nft_tables() -> list[tuple[str, str]]:
+    listed = _run("nft", "-j", "list", "tables")
+    if listed.returncode != 0:
+        return []
+    entries = json.loads(listed.stdout or "{}").get("nftables", [])
+    return [
+        (str(entry["table"]["family"]), str(entry["table"]["name"]))
+        for entry in entries
+        if "table" in entry
+    ]
+
+
+def record_tables(node: Node) -> None:
+    """Which iptables-nft tables existed before the kubelet ran, for ``clean`` to leave."""
+    (node.directory / TABLES_RECORD).write_text(json.dumps(nft_tables()))
+
+
+def _rule_count(family: str, table: str) -> int:
+    listed = _run("nft", "-j", "list", "table", family, table)
+    if listed.returncode != 0:
+        return -1
+    return sum("rule" in entry for entry in json.loads(listed.stdout).get("nftables", []))
+
+
+def remove_tables_made_for_the_kubelet(node_dir: Path) -> list[tuple[str, str]]:
+    """The iptables-nft tables that appeared while the node ran and hold no rule now; none
+    when the record is gone (then nobody knows whose they are)."""
+    try:
+        before = {
+            (family, table) for family, table in json.loads((node_dir / TABLES_RECORD).read_text())
+        }
+    except (OSError, ValueError):
+        return []
+    removed = []
+    for family, table in IPTABLES_TABLES:
+        if (family, table) in before or _rule_count(family, table) != 0:
+            continue
+        if _run("nft", "delete", "table", family, table).returncode == 0:
+            removed.append((family, table))
+    return removed
+
+
 def remove_kubelet_chains() -> None:
     """The kubelet's iptables chains and the jumps to KUBE-FIREWALL (both families)."""
     for tool in ("iptables", "ip6tables"):
@@ -712,6 +761,7 @@ def clean(
     for socket in sockets:
         socket.unlink(missing_ok=True)
     remove_kubelet_chains()
+    remove_tables_made_for_the_kubelet(node_dir)
     remove_log_links(node_dir / "pod-logs")
     remove_cni_cache(network_name, sandboxes)
     if node_dir.exists():
