@@ -206,3 +206,19 @@ def test_the_pause_process_waits_until_sigterm_and_then_exits_cleanly(tmp_path: 
     finally:
         process.kill()
         process.wait()
+
+
+def test_the_kernel_tunables_the_kubelet_changes_are_put_back(tmp_path: Path) -> None:
+    proc_sys = tmp_path / "sys"
+    for name in realnodes.KERNEL_TUNABLES:
+        (proc_sys / name).parent.mkdir(parents=True, exist_ok=True)
+        (proc_sys / name).write_text("0\n")
+    node = realnodes.Node(name="n", state_dir=tmp_path, pod_cidr=NODE.pod_cidr)
+    node.directory.mkdir()
+    realnodes.record_host_state(node, proc_sys=proc_sys)
+    (proc_sys / "kernel/panic_on_oops").write_text("1\n")  # the kubelet's setupKernelTunables
+    realnodes.record_host_state(node, proc_sys=proc_sys)  # a restart after a crash: kept
+    assert realnodes.restore_sysctls(node.directory, proc_sys=proc_sys) == {
+        "kernel/panic_on_oops": "0"
+    }
+    assert (proc_sys / "kernel/panic_on_oops").read_text() == "0\n"

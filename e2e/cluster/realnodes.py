@@ -281,6 +281,9 @@ def kubelet_config(node: Node, *, pki: certificates.Pki) -> dict[str, Any]:
         "cgroupsPerQOS": True,
         "enforceNodeAllocatable": ["pods"],
         "failSwapOn": False,
+        # True would refuse to start on this host's kernel.panic and vm.overcommit_memory; the
+        # kubelet changes them instead, and ``clean`` puts them back.
+        "protectKernelDefaults": False,
         "oomScoreAdj": 0,  # no CAP_SYS_RESOURCE to lower it (kube-proxy's is left alone too)
         "containerRuntimeEndpoint": f"unix://{node.containerd_socket}",
         "address": node.gateway,
@@ -630,6 +633,18 @@ IPTABLES_TABLES = tuple(
 )
 """The nftables tables iptables-nft makes on first use, the kubelet's chains among them."""
 TABLES_RECORD = "nft-tables-before.json"
+KERNEL_TUNABLES = (
+    "vm/overcommit_memory",
+    "vm/panic_on_oom",
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "kernel/keys/root_maxkeys",
+    "kernel/keys/root_maxbytes",
+)
+"""What a kubelet sets on the host at start (setupKernelTunables), unless protectKernelDefaults,
+which makes it refuse to start where they differ; they are restored by ``clean``."""
+SYSCTLS_RECORD = "sysctls-before.json"
+PROC_SYS = Path("/proc/sys")
 
 
 def nft_tables() -> list[tuple[str, str]]:
@@ -644,9 +659,33 @@ def nft_tables() -> list[tuple[str, str]]:
     ]
 
 
-def record_tables(node: Node) -> None:
-    """Which iptables-nft tables existed before the kubelet ran, for ``clean`` to leave."""
-    (node.directory / TABLES_RECORD).write_text(json.dumps(nft_tables()))
+def record_host_state(node: Node, *, proc_sys: Path = PROC_SYS) -> None:
+    """What the kubelet changes on the host, as it was before: the iptables-nft tables that
+    existed (``clean`` leaves those) and the kernel tunables (``clean`` restores them). An
+    earlier record is kept: after a crash, the host no longer shows the original values."""
+    tables = node.directory / TABLES_RECORD
+    if not tables.exists():
+        tables.write_text(json.dumps(nft_tables()))
+    sysctls = node.directory / SYSCTLS_RECORD
+    if not sysctls.exists():
+        values = {name: (proc_sys / name).read_text().strip() for name in KERNEL_TUNABLES}
+        sysctls.write_text(json.dumps(values))
+
+
+def restore_sysctls(node_dir: Path, *, proc_sys: Path = PROC_SYS) -> dict[str, str]:
+    """The kernel tunables the kubelet changed, back as recorded; those that were changed."""
+    try:
+        recorded = json.loads((node_dir / SYSCTLS_RECORD).read_text())
+    except (OSError, ValueError):
+        return {}
+    restored = {}
+    for name in KERNEL_TUNABLES:
+        value = str(recorded.get(name, ""))
+        path = proc_sys / name
+        if value and path.read_text().strip() != value:
+            path.write_text(value + "\n")
+            restored[name] = value
+    return restored
 
 
 def _rule_count(family: str, table: str) -> int:
@@ -762,6 +801,7 @@ def clean(
         socket.unlink(missing_ok=True)
     remove_kubelet_chains()
     remove_tables_made_for_the_kubelet(node_dir)
+    restore_sysctls(node_dir)
     remove_log_links(node_dir / "pod-logs")
     remove_cni_cache(network_name, sandboxes)
     if node_dir.exists():
