@@ -644,6 +644,15 @@ KERNEL_TUNABLES = (
 """What a kubelet sets on the host at start (setupKernelTunables), unless protectKernelDefaults,
 which makes it refuse to start where they differ; they are restored by ``clean``."""
 SYSCTLS_RECORD = "sysctls-before.json"
+HOST_DIRS = (
+    LEGACY_CONTAINER_LOGS,
+    CNI_CACHE,
+    CNI_CACHE.parent,
+    Path("/run/containerd/s"),
+    Path("/run/containerd"),
+)
+"""Fixed paths the kubelet, libcni and the shims make when missing; deepest first."""
+DIRS_RECORD = "dirs-before.json"
 PROC_SYS = Path("/proc/sys")
 
 
@@ -666,10 +675,28 @@ def record_host_state(node: Node, *, proc_sys: Path = PROC_SYS) -> None:
     tables = node.directory / TABLES_RECORD
     if not tables.exists():
         tables.write_text(json.dumps(nft_tables()))
+    dirs = node.directory / DIRS_RECORD
+    if not dirs.exists():
+        dirs.write_text(json.dumps([str(path) for path in HOST_DIRS if path.exists()]))
     sysctls = node.directory / SYSCTLS_RECORD
     if not sysctls.exists():
         values = {name: (proc_sys / name).read_text().strip() for name in KERNEL_TUNABLES}
         sysctls.write_text(json.dumps(values))
+
+
+def remove_dirs_made_for_the_node(node_dir: Path) -> list[Path]:
+    """The fixed dirs that did not exist before the node ran, if nothing else is in them."""
+    try:
+        before = set(json.loads((node_dir / DIRS_RECORD).read_text()))
+    except (OSError, ValueError):
+        return []
+    removed = []
+    for path in HOST_DIRS:
+        if str(path) not in before and path.is_dir():
+            with contextlib.suppress(OSError):  # not empty: someone else's now
+                path.rmdir()
+                removed.append(path)
+    return removed
 
 
 def restore_sysctls(node_dir: Path, *, proc_sys: Path = PROC_SYS) -> dict[str, str]:
@@ -804,6 +831,7 @@ def clean(
     restore_sysctls(node_dir)
     remove_log_links(node_dir / "pod-logs")
     remove_cni_cache(network_name, sandboxes)
+    remove_dirs_made_for_the_node(node_dir)
     if node_dir.exists():
         shutil.rmtree(node_dir)
     return Cleaned(
