@@ -568,7 +568,6 @@ def _start_node(cluster: Cluster, startup: _Startup, *, bin_dir: Path, pause_arc
     node.kubelet_config.write_text(
         yaml.safe_dump(realnodes.kubelet_config(node, pki=cluster.pki), sort_keys=False)
     )
-    realnodes.record_host_state(node)
     startup.start(
         "kubelet", realnodes.kubelet_argv(node, kubelet=bin_dir / "kubelet"), env=environment
     )

@@ -457,6 +457,7 @@ def prepare(node: Node, *, routes: Sequence[str]) -> None:
         json.dumps(cni_config(node, routes=routes), indent=2) + "\n"
     )
     make_cgroup_root(node)
+    record_host_state(node)  # before containerd: its shims make /run/containerd/s
 
 
 # -- images
