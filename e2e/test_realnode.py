@@ -52,8 +52,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
-http.server.ThreadingHTTPServer(("0.0.0.0", PORT), Handler).serve_forever()
-""".replace("PORT", str(PORT))
+http.server.ThreadingHTTPServer(("0.0.0.0", LISTEN_PORT), Handler).serve_forever()
+""".replace("LISTEN_PORT", str(PORT))
 
 
 @pytest.fixture(scope="module")
