@@ -441,12 +441,14 @@ def test_pods_have_namespaces_of_their_own_and_traffic_stays_among_the_run_s_hos
             assert route["dev"] == ours[destination].link, route
 
     allowed = {podnetwork.GATEWAY, real_node.gateway, *ours}
+    real_pods = ipaddress.ip_network(real_node.pod_cidr)  # the kubelet probes its Pods
     strangers = {
         peer
         for peer in peers
         if not ipaddress.ip_address(peer).is_loopback
         and peer not in allowed
         and ipaddress.ip_address(peer) not in service_range
+        and ipaddress.ip_address(peer) not in real_pods
     }
     print(f"\nTCP peers of the run: {sorted(peers)}")
     assert not strangers, f"connections to {strangers}"

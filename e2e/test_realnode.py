@@ -207,7 +207,8 @@ def _crash(cluster: controlplane.Cluster) -> None:
 
 @pytest.fixture
 def crashed_node(kube: Kube) -> Iterator[controlplane.Cluster]:
-    """The real node, crashed by the test, restarted afterwards for the tests that follow."""
+    """The real node, crashed by the test, restarted afterwards for the tests that follow (with
+    an empty containerd: images imported before are gone with its root)."""
     if kube.local is None:
         pytest.skip("needs the local cluster's real node")
     yield kube.local
