@@ -222,3 +222,19 @@ def test_the_kernel_tunables_the_kubelet_changes_are_put_back(tmp_path: Path) ->
         "kernel/panic_on_oops": "0"
     }
     assert (proc_sys / "kernel/panic_on_oops").read_text() == "0\n"
+
+
+def test_a_component_that_exits_is_reported_with_its_last_error_line(tmp_path: Path) -> None:
+    log = tmp_path / "kubelet.log"
+    log.write_text(
+        'I1126 15:36:17.580982    7432 flags.go:64] FLAG: --v="1"\n'
+        'E1126 15:36:17.581418    7432 run.go:72] "command failed" err="cgroup v1"\n'
+        'I1126 15:36:17.581500    7432 flags.go:64] FLAG: --vmodule=""\n'
+    )
+    assert controlplane.last_error(log) == (
+        'E1126 15:36:17.581418    7432 run.go:72] "command failed" err="cgroup v1"'
+    )
+    log.write_text('time="..." level=fatal msg="failed to load config"\n')
+    assert controlplane.last_error(log) == 'time="..." level=fatal msg="failed to load config"'
+    log.write_text("all is well\n")
+    assert controlplane.last_error(log) is None

@@ -22,6 +22,7 @@ import dataclasses
 import ipaddress
 import json
 import os
+import re
 import shutil
 import ssl
 import subprocess
@@ -190,6 +191,21 @@ def tail(path: Path, lines: int = 20) -> str:
         return "(no log)"
 
 
+_ERROR_LINE = re.compile(r"^[EF]\d{4} |level=(error|fatal)")
+"""klog's error and fatal lines (the kubelet, the control plane), logrus's (containerd)."""
+
+
+def last_error(path: Path) -> str | None:
+    """The last error line of a component's log: why it stopped, usually, after pages of
+    flags."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return None
+    errors = [line for line in lines if _ERROR_LINE.search(line)]
+    return errors[-1].strip()[:500] if errors else None
+
+
 class _Startup:
     """Starts components one by one and fails fast, with its log, when one of them dies."""
 
@@ -222,9 +238,11 @@ class _Startup:
         while True:
             for name, process in self.started.items():
                 if process.poll() is not None:
+                    log = self.cluster.log(name)
                     raise ClusterError(
-                        f"{name} exited with {process.returncode} while waiting for {what}; "
-                        f"last lines of {self.cluster.log(name)}:\n{tail(self.cluster.log(name))}"
+                        f"{name} exited with {process.returncode} while waiting for {what}"
+                        f"{': ' + reason if (reason := last_error(log)) else ''}; "
+                        f"last lines of {log}:\n{tail(log)}"
                     )
             try:
                 if ready():
