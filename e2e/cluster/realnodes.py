@@ -16,12 +16,15 @@ kubelet serves on it, as a node serves on its InternalIP. Pods route only the po
 the Service range, through the gateway; there is no masquerade and no default route, and
 podnetwork's filter keeps the bridge's traffic among the run's interfaces.
 
-The node's cgroups sit under ``/<CGROUP_ROOT>`` in every v1 hierarchy (the kubelet's
-``cgroupRoot``, cgroupfs driver), so ``clean`` can find them by name. ``clean`` needs nothing but
-the state dir and those names, so it also cleans up after a run that was killed: it kills what
-runs in the node's cgroups, deletes runc's containers, unmounts everything under the node's dir
-(deepest first), removes the cgroups, the bridge and the veths on it, the shims' sockets, the
-kubelet's iptables chains and its symlinks in /var/log/containers.
+The node's cgroups sit under ``/<CGROUP_ROOT>`` in every hierarchy (the kubelet's
+``cgroupRoot``, cgroupfs driver; runc mirrors them into the controller-less ``unified`` one), so
+``clean`` can find them by name. ``clean`` needs nothing but the state dir and those names, so it
+also cleans up after a run that was killed: it kills what runs in the node's cgroups, deletes
+runc's containers, unmounts everything under the node's dir (deepest first), removes the cgroups,
+the bridge and the veths on it, the shims' sockets, libcni's cache entries, the kubelet's
+iptables chains and its links in /var/log/containers, and, from what ``prepare`` recorded before
+the node ran, puts back the kernel tunables the kubelet changed and removes the iptables-nft
+tables and fixed dirs that appeared only for it.
 """
 
 import contextlib
