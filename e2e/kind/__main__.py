@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from e2e import fleet
-from e2e.cluster import building, locations
+from e2e.cluster import building, images, locations
 
 KIND_VERSION = "v0.33.0"  # its default node image is Kubernetes v1.37.0
 CLUSTER = "batchpilot"
@@ -40,11 +40,6 @@ CONFIG = locations.REPO_ROOT / "e2e" / "kind-config.yaml"
 POD_SUBNET = "10.244.0.0/16"  # as in kind-config.yaml
 NAMESPACE = "batchpilot-system"
 TAG = "e2e"
-IMAGES = {
-    "batchpilot-operator": "operator/Dockerfile",
-    "batchpilot-sidecar": "sidecar/Dockerfile",
-    "batchpilot-triton": "e2e/kind/triton.Dockerfile",
-}
 
 
 class KindError(Exception):
@@ -112,9 +107,10 @@ def up() -> None:
     if CLUSTER not in clusters:
         run([kind, "create", "cluster", "--name", CLUSTER, "--config", str(CONFIG), "--wait", "2m"])
     run([kind, "export", "kubeconfig", "--name", CLUSTER, "--kubeconfig", str(config)])
-    for image, dockerfile in IMAGES.items():
-        run(["docker", "build", "-f", dockerfile, "-t", f"{image}:{TAG}", "."])
-        run([kind, "load", "docker-image", "--name", CLUSTER, f"{image}:{TAG}"])
+    # The images `make images` builds without Docker, from the same Dockerfiles and base default.
+    for recipe in images.IMAGES:
+        run(["docker", "build", "-f", recipe.dockerfile, "-t", f"{recipe.name}:{TAG}", "."])
+        run([kind, "load", "docker-image", "--name", CLUSTER, f"{recipe.name}:{TAG}"])
     run(
         [
             str(bins / "helm"),

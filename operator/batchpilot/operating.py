@@ -254,18 +254,25 @@ class Controller:
         event_type: str | None,
         index: kopf.Index[str | None, tuple[str, dict[str, Any]]],
     ) -> None:
-        """Poke the policies that select a Pod whose address or readiness changed."""
+        """Poke the policies that select a Pod whose address, readiness or containers changed."""
         metadata = pod.get("metadata", {})
         uid = metadata.get("uid", "")
         status = pod.get("status", {})
         ready = [
             c.get("status") for c in status.get("conditions") or [] if c.get("type") == "Ready"
         ]
+        # A container's restart matters before its Pod's Ready changes: the gate it made stale
+        # must close before Triton answers the kubelet's probe again.
+        containers = tuple(
+            (c.get("name"), c.get("restartCount"), "running" in (c.get("state") or {}))
+            for c in status.get("containerStatuses") or []
+        )
         fingerprint = (
             status.get("podIP"),
             status.get("phase"),
             tuple(ready),
             metadata.get("deletionTimestamp"),
+            containers,
         )
         if event_type == "DELETED":
             self.pods_seen.pop(uid, None)

@@ -82,6 +82,10 @@ class PolicyMemory:
         default_factory=lambda: collections.deque(maxlen=WAVES_REMEMBERED)
     )
     """How long one wave took in the policy's recent rollouts."""
+    vouched: dict[str, str] = field(default_factory=dict)
+    """Per gated Pod, the run of its serving container last seen serving the profile with its
+    gate open: a different run has Triton's repository configuration (`rollouts.mark_restarted`).
+    """
 
     @property
     def measured_wave_seconds(self) -> float | None:
@@ -112,6 +116,7 @@ class PolicyMemory:
             self.wave_seconds.append(previous.measured_wave_seconds)
 
     def remember_rollout(self, result: rollouts.Result, max_unavailable: int) -> None:
+        self.vouched = rollouts.vouched_after(result, self.vouched)
         switched = sum(outcome.reloads > 0 for outcome in result.outcomes)
         seconds = leads.wave_seconds(
             result.seconds, switched=switched, max_unavailable=max_unavailable
@@ -255,7 +260,7 @@ class Reconciler:
             policy, now, observed.reading.signals, state.memory, lead=observed.lead.lead
         )
         previous_profile, state.memory = state.memory.profile, decision.memory
-        result = await self._act(namespace, policy, decision, observed)
+        result = await self._act(namespace, policy, decision, observed, vouched=state.vouched)
         if result is not None:
             state.remember_rollout(result, policy.rollout.max_unavailable)
 
@@ -333,6 +338,8 @@ class Reconciler:
         policy: specs.BatchPolicySpec,
         decision: decisions.Decision,
         observed: _Observed,
+        *,
+        vouched: Mapping[str, str],
     ) -> rollouts.Result | None:
         if observed.survey.missing:
             return None  # the spec names models the fleet lacks: change nothing anywhere
@@ -351,7 +358,11 @@ class Reconciler:
         # Timed by the policy's clock, which decisions and leads are in.
         started = self.clock()
         result = await rollouts.roll_out(
-            observed.replicas, observed.survey, plan, self.fleet, self.gates
+            rollouts.mark_restarted(observed.replicas, vouched),
+            observed.survey,
+            plan,
+            self.fleet,
+            self.gates,
         )
         return dataclasses.replace(result, seconds=(self.clock() - started).total_seconds())
 

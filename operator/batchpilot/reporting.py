@@ -383,6 +383,10 @@ def notices(findings: Findings) -> list[Notice]:
     if findings.result is not None:
         found.extend(target_notice(outcome) for outcome in findings.result.outcomes)
         found.extend(drain_notices(findings.result))
+        found.extend(
+            Notice(Event("Warning", "ContainerRestarted", message))
+            for message in findings.result.restarts
+        )
         rolled_out = rolled_out_event(findings.result)
         if rolled_out is not None:
             found.append(Notice(rolled_out))

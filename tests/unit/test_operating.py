@@ -230,6 +230,17 @@ def test_pod_changes_poke_only_the_policies_that_select_the_pod() -> None:
     }
     subject.pod_changed(namespace="ns", pod=ready, event_type="MODIFIED", index=index)  # type: ignore[arg-type]
     assert subject.wakeup("ns", "fleet").is_set()
+    subject.wakeup("ns", "fleet").clear()
+    # Triton's container restarted: the Pod's Ready may not have changed yet, its gate is stale.
+    restarted = {
+        **ready,
+        "status": {
+            **ready["status"],
+            "containerStatuses": [{"name": "triton", "restartCount": 1, "state": {"running": {}}}],
+        },
+    }
+    subject.pod_changed(namespace="ns", pod=restarted, event_type="MODIFIED", index=index)  # type: ignore[arg-type]
+    assert subject.wakeup("ns", "fleet").is_set()
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from batchpilot.applying.replicas import ServingContainer
 from batchpilot.kube import pods
 from batchpilot.policy import specs
 
@@ -78,3 +79,43 @@ def test_selector_string_speaks_the_api_query_syntax() -> None:
         }
     )
     assert pods.selector_string(selector) == "app=triton,tier=gpu,zone in (a,b),!canary"
+
+
+def triton_and_sidecar(*statuses: dict[str, Any]) -> dict[str, Any]:
+    """A gated Pod whose Triton (http) and sidecar report these container statuses."""
+    found = pod("g", gates=[{"conditionType": pods.GATE}])
+    found["spec"]["containers"].append({"name": "batchpilot-sidecar", "ports": []})
+    found["status"]["containerStatuses"] = list(statuses)
+    return found
+
+
+def test_the_replica_names_the_run_of_the_container_serving_triton() -> None:
+    restarted = triton_and_sidecar(
+        {"name": "batchpilot-sidecar", "containerID": "containerd://s1", "state": {"running": {}}},
+        {"name": "triton", "containerID": "containerd://t2", "restartCount": 1,
+         "state": {"running": {"startedAt": "2026-11-26T15:00:01Z"}}},
+    )  # fmt: skip
+    (found,), _ = pods.replicas_from_pods([restarted], target_spec(port="http"))
+    assert found.serving == ServingContainer(name="triton", run="containerd://t2")
+
+
+def test_without_a_container_id_the_restart_count_and_start_time_name_the_run() -> None:
+    # kwok's Pods, for one, carry no container IDs.
+    started = triton_and_sidecar(
+        {"name": "triton", "restartCount": 3, "state": {"running": {"startedAt": "T"}}}
+    )
+    (found,), _ = pods.replicas_from_pods([started], target_spec(port="http"))
+    assert found.serving == ServingContainer(name="triton", run="3@T")
+
+
+def test_a_serving_container_that_is_not_running_has_no_run_and_says_why() -> None:
+    crashed = triton_and_sidecar(
+        {"name": "triton", "restartCount": 2, "state": {"waiting": {"reason": "CrashLoopBackOff"}}}
+    )
+    (found,), _ = pods.replicas_from_pods([crashed], target_spec(port="http"))
+    assert found.serving == ServingContainer(name="triton", run="", stopped="CrashLoopBackOff")
+
+
+def test_a_pod_that_reports_no_container_statuses_says_nothing_of_its_serving_container() -> None:
+    (found,), _ = pods.replicas_from_pods([triton_and_sidecar()], target_spec(port="http"))
+    assert found.serving is None

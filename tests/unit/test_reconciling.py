@@ -11,7 +11,7 @@ import pytest
 from operator_fakes import FakeFleet, FakeGates, FakePods, FakeServer, target
 
 from batchpilot import reconciling, telemetry
-from batchpilot.applying.replicas import Replica
+from batchpilot.applying.replicas import Replica, ServingContainer
 from batchpilot.policy import decisions, governing, specs
 from batchpilot.signals import sources
 from builders import market_hours, ny, spec_document, utc
@@ -601,3 +601,29 @@ async def test_series_of_a_profile_dropped_from_the_spec_or_a_signal_no_longer_r
     assert [series for series in after if series.startswith("batchpilot_signal{")] == []
     assert after["batchpilot_active_profile{profile=bulk}"] == 1
     assert after["batchpilot_profile_switches_total{profile=interactive}"] == 0
+
+
+@pytest.mark.looptime
+async def test_a_triton_container_restarted_between_passes_has_its_gate_closed_first() -> None:
+    run_1 = ServingContainer(name="triton", run="containerd://1")
+    pod = dataclasses.replace(target("triton-0", gated=True, gate="True"), serving=run_1)
+    fleet = FakeFleet({pod.http_url: FakeServer(profile="bulk")})
+    gates = FakeGates()
+    subject = reconciler([pod], fleet, gates)
+    state = reconciling.PolicyMemory()
+    await reconcile(subject, spec_document(), state=state)
+    assert (gates.changes, state.vouched) == ([], {"triton-0": "containerd://1"})
+    # The container restarted: Triton serves its repository's configuration again.
+    restarted = dataclasses.replace(
+        pod, serving=ServingContainer(name="triton", run="containerd://2")
+    )
+    subject.replica_source = FakePods([restarted])
+    fleet.servers[pod.http_url].profile = None
+    outcome = await reconcile(subject, spec_document(), state=state)
+    assert gates.changes == [
+        ("triton-0", False, "ContainerRestarted"),
+        ("triton-0", False, "Switching"),
+        ("triton-0", True, "ConfigApplied"),
+    ]
+    assert [event.reason for event in outcome.events].count("ContainerRestarted") == 1
+    assert state.vouched == {"triton-0": "containerd://2"}

@@ -100,3 +100,12 @@ def test_rolled_out_is_announced_once_every_replica_runs_the_profile_after_reloa
     )
     assert reporting.rolled_out_event(rollouts.Result((switched, pending))) is None
     assert reporting.rolled_out_event(rollouts.Result((left_alone,))) is None, "nothing reloaded"
+
+
+def test_every_gate_a_container_restart_closed_is_a_warning_each_time() -> None:
+    restarted = "pod triton-0: container triton restarted at T; out of its Services until ..."
+    found = findings()
+    assert found.result is not None
+    found = findings(result=dataclasses.replace(found.result, restarts=(restarted,)))
+    events = [notice.event for notice in reporting.notices(found) if notice.event is not None]
+    assert reporting.Event("Warning", "ContainerRestarted", restarted) in events

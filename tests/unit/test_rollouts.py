@@ -3,11 +3,13 @@ the halt, and the one mapping from what went wrong to the reason it is reported 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from operator_fakes import FakeFleet, FakeGates, FakeServer, target
 
 from batchpilot.applying import actuators, backoffs, overrides, rollouts
-from batchpilot.applying.replicas import Replica
+from batchpilot.applying.replicas import Replica, ServingContainer
 from batchpilot.policy import rendering, specs
 from batchpilot_triton import servers
 
@@ -92,6 +94,89 @@ async def test_up_to_date_replica_with_a_closed_gate_gets_it_opened() -> None:
     result = await roll_out([stuck], fleet, gates)
     assert result.outcomes[0].state == "Updated"
     assert gates.changes == [("triton-0", True, "ConfigApplied")]
+
+
+def serving(name: str, run: str, *, gate: str = "True") -> Replica:
+    return dataclasses.replace(
+        target(name, gated=True, gate=gate),
+        serving=ServingContainer(name="triton", run=run, stopped="" if run else "Error"),
+    )
+
+
+def test_an_open_gate_whose_container_is_another_run_than_vouched_for_is_marked() -> None:
+    marked = rollouts.mark_restarted(
+        [
+            serving("triton-0", "id-2"),
+            serving("triton-1", "id-1"),
+            serving("triton-2", ""),
+            serving("triton-3", "id-9", gate="False"),
+            serving("triton-4", "id-7"),
+        ],
+        {"triton-0": "id-1", "triton-1": "id-1", "triton-2": "id-1", "triton-3": "id-1"},
+    )
+    assert [replica.restarted for replica in marked] == [
+        "container triton restarted",
+        None,
+        "container triton is not running (Error)",
+        None,  # already out of its Services: the rollout switches it back anyway
+        None,  # never vouched for (an operator that just started): the drift check covers it
+    ]
+
+
+def test_a_pass_vouches_for_the_runs_it_left_open_on_the_profile_and_keeps_the_rest() -> None:
+    result = rollouts.Result(
+        (
+            rollouts.Outcome(serving("triton-0", "id-2"), "Updated", "bulk"),
+            rollouts.Outcome(serving("triton-1", "id-5"), "Unreachable", None),
+            rollouts.Outcome(serving("triton-2", "id-3"), "Updated", "bulk", left_out=True),
+        )
+    )
+    vouched = {"triton-0": "id-1", "triton-1": "id-1", "triton-2": "id-1", "gone": "id-1"}
+    assert rollouts.vouched_after(result, vouched) == {
+        "triton-0": "id-2",
+        "triton-1": "id-1",
+        "triton-2": "id-1",
+    }
+
+
+@pytest.mark.looptime
+async def test_a_restarted_container_s_gate_closes_first_and_opens_once_the_profile_is_back() -> (
+    None
+):
+    # Triton came back with its repository's configuration: the kubelet would make the Pod
+    # Ready on it as soon as Triton answers its probe.
+    restarted = dataclasses.replace(
+        serving("triton-0", "id-2"), restarted="container triton restarted"
+    )
+    fleet = fleet_for([restarted])
+    gates = FakeGates(fleet)
+    result = await roll_out([restarted], fleet, gates)
+    assert result.outcomes[0].state == "Updated"
+    assert gates.changes == [
+        ("triton-0", False, "ContainerRestarted"),
+        ("triton-0", False, "Switching"),
+        ("triton-0", True, "ConfigApplied"),
+    ]
+    assert result.restarts == (
+        "pod triton-0: container triton restarted since it last served interactive; out of its "
+        "Services until it does again",
+    )
+
+
+@pytest.mark.looptime
+async def test_a_restarted_container_that_does_not_answer_yet_stays_out_of_its_services() -> None:
+    restarted = dataclasses.replace(
+        serving("triton-0", ""), restarted="container triton is not running (Error)"
+    )
+    other = target("triton-1", gated=True, gate="True")
+    fleet = FakeFleet(
+        {restarted.http_url: FakeServer(unreachable=True), other.http_url: FakeServer()}
+    )
+    gates = FakeGates()
+    result = await roll_out([restarted, other], fleet, gates, maxUnavailable=1)
+    assert [o.state for o in result.outcomes] == ["Unreachable", "Pending"]
+    # Closed and left closed; the dead Pod fills the budget, so the other one keeps serving.
+    assert gates.changes == [("triton-0", False, "ContainerRestarted")]
 
 
 @pytest.mark.looptime

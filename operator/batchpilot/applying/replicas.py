@@ -13,6 +13,18 @@ from batchpilot_triton import servers
 
 
 @dataclass(frozen=True, kw_only=True)
+class ServingContainer:
+    """The container of a Pod that serves Triton, as the Pod last reported it."""
+
+    name: str
+    run: str
+    """Which run of it this is: the runtime's container ID, or its restart count and start time
+    where the Pod gives no ID; "" while it is not running."""
+    stopped: str = ""
+    """Why it is not running (e.g. CrashLoopBackOff), when it is not."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class Replica:
     name: str
     """The Pod's name, or the server's `host:port` for the runner."""
@@ -28,6 +40,12 @@ class Replica:
     """What the replica is, in messages: "pod" or "server"."""
     labels: tuple[tuple[str, str], ...] = ()
     """The Pod's labels, sorted (none for the runner's servers): which policies select it."""
+    serving: ServingContainer | None = None
+    """The Pod's container that serves Triton's port; None when the Pod does not say."""
+    restarted: str | None = None
+    """Why an open gate no longer vouches for the Pod's configuration: the container serving
+    Triton restarted (or stopped) since batchpilot last saw it serve the profile with the gate
+    open, so Triton came back with its repository's configuration. None when it has not."""
 
     @property
     def title(self) -> str:

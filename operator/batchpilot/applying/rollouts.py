@@ -20,6 +20,10 @@ does not answer is reported and skipped, and is not counted as a failure; but it
 one, so while `maxUnavailable` replicas are out of service (unreachable, or gated out) no other
 gated replica leaves its Services: the rest are held until it is back.
 
+A gated replica whose Triton container restarted after its gate opened serves its
+repository's configuration again; its gate is closed first of all, so that the kubelet does not
+make it Ready on that configuration, and the rollout switches it back like any other.
+
 Every step is level-based, so a rollout interrupted at any point (an operator killed mid-way)
 converges on the next pass: up-to-date replicas are skipped, and a gate left False on an
 up-to-date replica is set True again.
@@ -201,6 +205,9 @@ class Result:
     seconds: float = 0.0
     dry_run: bool = False
     """Nothing was applied: the policy runs as a dry run."""
+    restarts: tuple[str, ...] = ()
+    """Gated replicas whose container restarted since their gate opened, taken out of their
+    Services this pass (one message each)."""
 
     def count(self, state: TargetState) -> int:
         return sum(outcome.state == state for outcome in self.outcomes)
@@ -227,6 +234,7 @@ async def roll_out(
     replicas: Sequence[Replica], survey: Survey, plan: Plan, fleet: Fleet, gates: Gates
 ) -> Result:
     started = asyncio.get_running_loop().time()
+    replicas, restarts = await _close_restarted(replicas, plan, gates)
     settled = [
         _unreachable(r, survey.unreachable[r.name])
         for r in replicas
@@ -286,7 +294,79 @@ async def roll_out(
         settled.extend(outcomes)
         failures += sum(outcome.state in ("Failed", "Unreachable") for outcome in outcomes)
         out |= {outcome.replica.name for outcome in outcomes if outcome.left_out}
-    return Result(_ordered(settled, replicas), halted, asyncio.get_running_loop().time() - started)
+    seconds = asyncio.get_running_loop().time() - started
+    return Result(_ordered(settled, replicas), halted, seconds, restarts=restarts)
+
+
+def mark_restarted(replicas: Sequence[Replica], vouched: Mapping[str, str]) -> list[Replica]:
+    """The replicas, each open gate whose Pod's serving container is no longer the run
+    `vouched` for it (by Pod name) marked as restarted. Runs are the runtime's own identities,
+    so no clock of the operator's is compared with a node's."""
+    marked = []
+    for replica in replicas:
+        known, serving = vouched.get(replica.name), replica.serving
+        if (
+            replica.gated
+            and replica.gate == "True"
+            and serving
+            and known not in (None, serving.run)
+        ):
+            replica = dataclasses.replace(
+                replica,
+                restarted=f"container {serving.name} restarted"
+                if serving.run
+                else f"container {serving.name} is not running ({serving.stopped})",
+            )
+        marked.append(replica)
+    return marked
+
+
+def vouched_after(result: Result, vouched: Mapping[str, str]) -> dict[str, str]:
+    """The runs to vouch for after a pass: a gated replica the pass left open on the profile
+    vouches for the run it was read with; the others keep what was known (a Pod gone is
+    forgotten)."""
+    kept = {}
+    for outcome in result.outcomes:
+        replica = outcome.replica
+        if replica.gated and replica.serving is not None:
+            if outcome.state == "Updated" and not outcome.left_out and replica.serving.run:
+                kept[replica.name] = replica.serving.run
+            elif replica.name in vouched:
+                kept[replica.name] = vouched[replica.name]
+    return kept
+
+
+async def _close_restarted(
+    replicas: Sequence[Replica], plan: Plan, gates: Gates
+) -> tuple[list[Replica], tuple[str, ...]]:
+    """Close, before anything else, the gates a container restart made stale: the kubelet makes
+    such a Pod Ready as soon as Triton answers its probe, serving its repository's
+    configuration. Closed, the Pod waits out of its Services until the rollout has applied the
+    profile (at once if Triton answers, else once it does). A gate that cannot be written now is
+    tried again on the next pass."""
+    checked: list[Replica] = []
+    notes: list[str] = []
+    for replica in replicas:
+        if replica.gated and replica.gate == "True" and replica.restarted:
+            message = (
+                f"{replica.restarted} since it last served {plan.profile}; out of its Services "
+                "until it does again"
+            )
+            try:
+                await gates.set_gate(
+                    plan.namespace,
+                    replica.name,
+                    applied=False,
+                    reason="ContainerRestarted",
+                    message=message,
+                )
+            except Exception as failure:
+                logger.warning("%s: closing its readiness gate: %s", replica.title, failure)
+            else:
+                replica = dataclasses.replace(replica, gate="False")
+                notes.append(f"{replica.title}: {message}")
+        checked.append(replica)
+    return checked, tuple(notes)
 
 
 def _out_of_service(replica: Replica) -> bool:

@@ -5,6 +5,10 @@ Triton endpoint is the Pod IP and `spec.target.port` (a number, or the name of a
 port); the sidecar's is found the same way. A Pod opts into hitless switching with the
 readiness gate `batchpilot.dev/config-applied`: while batchpilot holds that condition False the
 Pod is not Ready, so Services stop sending it requests.
+
+Each replica also carries which run of the container serving Triton its Pod reports (the
+runtime's container ID): when that changes while the gate is open, Triton restarted with its
+repository's configuration (see `rollouts.mark_restarted`).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Any
 
 import kubernetes.client
 
-from batchpilot.applying.replicas import Replica
+from batchpilot.applying.replicas import Replica, ServingContainer
 from batchpilot.policy import specs
 
 GATE = "batchpilot.dev/config-applied"
@@ -63,6 +67,30 @@ def _condition(pod: Mapping[str, Any], kind: str) -> str | None:
     return None
 
 
+def serving_container(pod: Mapping[str, Any], port: int) -> ServingContainer | None:
+    """The container that declares `port`, and which run of it the Pod reports."""
+    declaring = [
+        container.get("name")
+        for container in pod["spec"].get("containers", [])
+        if any(p.get("containerPort") == port for p in container.get("ports") or [])
+    ]
+    for status in pod.get("status", {}).get("containerStatuses") or []:
+        if not declaring or status.get("name") != declaring[0]:
+            continue
+        state = status.get("state") or {}
+        running = state.get("running")
+        if running is None:
+            stopped = state.get("waiting") or state.get("terminated") or {}
+            return ServingContainer(
+                name=declaring[0], run="", stopped=str(stopped.get("reason") or "stopped")
+            )
+        run = (
+            status.get("containerID") or f"{status.get('restartCount')}@{running.get('startedAt')}"
+        )
+        return ServingContainer(name=declaring[0], run=str(run))
+    return None
+
+
 def replicas_from_pods(
     pods: list[Mapping[str, Any]], target: specs.Target
 ) -> tuple[list[Replica], list[str]]:
@@ -92,6 +120,7 @@ def replicas_from_pods(
                 gate=_condition(pod, GATE),
                 kind="pod",
                 labels=tuple(sorted((metadata.get("labels") or {}).items())),
+                serving=serving_container(pod, http_port),
             )
         )
     return sorted(found, key=lambda t: t.name), skipped
