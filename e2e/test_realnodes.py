@@ -128,7 +128,7 @@ def test_the_node_is_registered_with_its_pod_cidr_and_keeps_kwok_pods_off() -> N
     manifest = realnodes.node_manifest(NODE)
     assert manifest["spec"]["podCIDRs"] == [controlplane.REAL_NODE_POD_CIDR]
     assert manifest["spec"]["taints"] == [
-        {"key": realnodes.TAINT_KEY, "value": "true", "effect": "NoSchedule"}
+        {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
     ]
     assert controlplane.KWOK_NODE_ANNOTATION not in manifest["metadata"].get("annotations", {})
     assert NODE.identity.user == "system:node:batchpilot-node-0"

@@ -457,6 +457,8 @@ def _start_components(cluster: Cluster, startup: _Startup, *, bin_dir: Path) -> 
             f"--kubelet-client-key={pki.client_key(certificates.APISERVER_KUBELET_CLIENT)}",
             "--kubelet-preferred-address-types=InternalIP",
             "--allow-privileged=true",
+            # Pods that ask for nvidia.com/gpu tolerate the real node's GPU taint, as on GKE.
+            "--enable-admission-plugins=ExtendedResourceToleration",
             "--profiling=false",
         ],
     )

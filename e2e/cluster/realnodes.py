@@ -47,8 +47,13 @@ BRIDGE = "bpenode0"
 """On podnetwork's ``bpe`` prefix, so its filter treats the bridge as one of the run's links."""
 CGROUP_ROOT = "batchpilot-e2e"
 NETWORK_NAME = "batchpilot-e2e"
-TAINT_KEY = "batchpilot.dev/real-node"
-"""Keeps Pods that do not ask for the real node (tolerate this, select NODE_LABEL) on kwok."""
+TAINT_KEY = "nvidia.com/gpu"
+TAINT_VALUE = "present"
+"""The real node is tainted as GKE and AKS taint their GPU nodes: Pods that do not tolerate it
+stay on kwok. A Pod that asks for ``nvidia.com/gpu`` (once a test advertises some) gets the
+toleration from the API server's ExtendedResourceToleration admission plugin, so an unmodified
+Triton Deployment lands here as on a cluster's GPU node; other Pods meant for it tolerate the
+taint and select NODE_LABEL."""
 NODE_LABEL = ("batchpilot.dev/node", "real")
 CNI_BIN_DIR = Path("/usr/lib/cni")
 CNI_PLUGINS = ("bridge", "host-local", "loopback")
@@ -349,8 +354,8 @@ def containerd_argv(node: Node, *, containerd: Path) -> list[str]:
 
 def node_manifest(node: Node) -> dict[str, Any]:
     """The Node as the run registers it before the kubelet starts: with its podCIDR (nothing
-    allocates one: the controller manager runs without --allocate-node-cidrs) and a taint that
-    keeps Pods meant for kwok nodes off it."""
+    allocates one: the controller manager runs without --allocate-node-cidrs) and a GPU node's
+    taint, which keeps Pods meant for kwok nodes off it."""
     key, value = NODE_LABEL
     return {
         "apiVersion": "v1",
@@ -366,7 +371,7 @@ def node_manifest(node: Node) -> dict[str, Any]:
         "spec": {
             "podCIDR": node.pod_cidr,
             "podCIDRs": [node.pod_cidr],
-            "taints": [{"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"}],
+            "taints": [{"key": TAINT_KEY, "value": TAINT_VALUE, "effect": "NoSchedule"}],
         },
     }
 
