@@ -128,7 +128,7 @@ gpu-wheels: venv
 
 # Against a real API server: the local control plane (started and stopped by the suite), or the
 # cluster $$KUBECONFIG names if it is a test cluster.
-e2e: venv deps k8s-bins
+e2e: venv deps k8s-bins images
 	$(PY) -m pytest e2e --e2e
 
 # Everything CI runs (.ci/run): linters, unit and integration tests, the e2e suite, and the
