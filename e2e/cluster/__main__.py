@@ -1,10 +1,10 @@
-"""``python -m e2e.cluster build|up|down|status``: the test control plane from a shell."""
+"""``python -m e2e.cluster build|up|down|status|import``: the test cluster from a shell."""
 
 import argparse
 import sys
 from pathlib import Path
 
-from e2e.cluster import building, controlplane, locations
+from e2e.cluster import building, controlplane, locations, realnodes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,6 +23,10 @@ def main(argv: list[str] | None = None) -> int:
     down_parser = commands.add_parser("down", help="stop everything and delete the state dir")
     down_parser.add_argument("--keep-logs", action="store_true", help="keep <state>/logs")
     commands.add_parser("status", help="say whether a cluster is up, and where")
+    import_parser = commands.add_parser(
+        "import", help="import OCI archives into the real node's containerd (no registry here)"
+    )
+    import_parser.add_argument("archives", nargs="+", type=Path, help="OCI archive files")
     args = parser.parse_args(argv)
     state_dir: Path = (args.state_dir or locations.state_dir()).resolve()
 
@@ -43,7 +47,16 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"down ({state_dir})")
                 return 1
             print(controlplane.Cluster.load(state_dir).to_json())
-    except (building.BuildError, controlplane.ClusterError) as error:
+        elif args.command == "import":
+            if not controlplane.is_up(state_dir):
+                print(f"error: no cluster up in {state_dir}", file=sys.stderr)
+                return 1
+            node = controlplane.Cluster.load(state_dir).node
+            ctr = building.require_binaries() / "ctr"
+            for archive in args.archives:
+                realnodes.import_image(node, ctr=ctr, archive=archive)
+                print(f"imported {archive} into {node.name}")
+    except (building.BuildError, controlplane.ClusterError, realnodes.NodeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     return 0
