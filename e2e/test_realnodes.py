@@ -11,7 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from e2e.cluster import building, certificates, controlplane, pauseimages, podnetwork, realnodes
+from e2e.cluster import (
+    building,
+    certificates,
+    controlplane,
+    pauseimages,
+    podnetwork,
+    processes,
+    realnodes,
+)
 
 NODE = realnodes.Node(
     name="batchpilot-node-0",
@@ -238,3 +246,19 @@ def test_a_component_that_exits_is_reported_with_its_last_error_line(tmp_path: P
     assert controlplane.last_error(log) == 'time="..." level=fatal msg="failed to load config"'
     log.write_text("all is well\n")
     assert controlplane.last_error(log) is None
+
+
+def test_a_cluster_starting_elsewhere_is_seen_by_its_processes_owner_mark(tmp_path: Path) -> None:
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    env = {"PATH": "/usr/bin:/bin", processes.OWNER_ENV: str(theirs)}
+    process = subprocess.Popen(["sleep", "30"], env=env)
+    try:
+        deadline = time.monotonic() + 5
+        while str(theirs) not in processes.other_owners(ours) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert str(theirs) in processes.other_owners(ours)
+        assert str(theirs) not in processes.other_owners(theirs)
+    finally:
+        process.kill()
+        process.wait()
+    assert str(theirs) not in processes.other_owners(ours)

@@ -344,6 +344,13 @@ def start(
     in_use_by = podnetwork.holder()
     if in_use_by is not None:
         raise ClusterError(f"the pod network {POD_NETWORK} is in use by the cluster in {in_use_by}")
+    # A cluster that is starting holds no lock yet (its pod runner comes last), but its
+    # bridge, cgroups and network are the machine's: never take them from under it.
+    others = processes.other_owners(state_dir)
+    if others:
+        raise ClusterError(
+            f"another cluster runs on this machine, from {', '.join(sorted(others))}"
+        )
     # A run killed elsewhere (another checkout, its lock gone with it) may have left network
     # namespaces on IPs kwok is about to hand out again; stopping this state_dir misses those.
     removed = podnetwork.release(HOST_ROUTES)
@@ -667,12 +674,13 @@ def stop(
     leftovers = processes.sweep(state_dir)
     if leftovers:
         say(f"killed leftover processes {leftovers}")
-    # Leave the pod network alone if another cluster's pod runner holds it.
-    network_free = podnetwork.holder() is None
+    # The pod network, the real node's bridge and cgroups are the machine's, found by name:
+    # leave them alone while another cluster holds the network or has processes running.
+    network_free = podnetwork.holder() is None and not processes.other_owners(state_dir)
     node_dir = state_dir / "node"
     if network_free or node_dir.exists():
         try:
-            cleaned = realnodes.clean(node_dir).summary()
+            cleaned = realnodes.clean(node_dir, machine_wide=network_free).summary()
         except realnodes.NodeError as error:
             say(f"the real node's cleanup left something: {error}")
         else:
@@ -681,7 +689,7 @@ def stop(
         left = realnodes.leftovers(
             realnodes.Node(name=realnodes.NAME, state_dir=state_dir, pod_cidr=REAL_NODE_POD_CIDR)
         )
-        if left:
+        if left and network_free:
             say(f"the real node left {left}")
     if network_free:
         removed = podnetwork.release(HOST_ROUTES)

@@ -819,28 +819,35 @@ def clean(
     cgroup_root: str = CGROUP_ROOT,
     network_name: str = NETWORK_NAME,
     keep_bridge: bool = False,
+    machine_wide: bool = True,
 ) -> Cleaned:
     """Remove what a node left, from its dir and names alone: run after its kubelet, containerd
     and shims were stopped (``processes.sweep`` finds those by their owner mark). The bridge
-    may stay (the API server listens on its gateway) while the node alone is restarted."""
-    killed = kill_cgroups(cgroup_root)
+    may stay (the API server listens on its gateway) while the node alone is restarted.
+    Without `machine_wide` (another cluster runs), only what is under node_dir goes: the
+    bridge, the cgroups and the host's settings are found by name, and would be its."""
+    killed = kill_cgroups(cgroup_root) if machine_wide else []
     containers = delete_runc_containers(node_dir / "runc")
     sockets = shim_sockets(node_dir / "run")
     sandboxes = sandbox_ids(node_dir / "run")
     unmounted = unmount_under(node_dir)
-    cgroups = remove_cgroups(cgroup_root)
-    links = [] if keep_bridge else remove_links(bridge)
-    for veth in bridge_ports(bridge) if keep_bridge else []:
-        _run("ip", "link", "del", veth)  # gone with their namespaces already, normally
-        links.append(veth)
+    cgroups: list[Path] = []
+    links: list[str] = []
+    if machine_wide:
+        cgroups = remove_cgroups(cgroup_root)
+        links = [] if keep_bridge else remove_links(bridge)
+        for veth in bridge_ports(bridge) if keep_bridge else []:
+            _run("ip", "link", "del", veth)  # gone with their namespaces already, normally
+            links.append(veth)
     for socket in sockets:
         socket.unlink(missing_ok=True)
-    remove_kubelet_chains()
-    remove_tables_made_for_the_kubelet(node_dir)
-    restore_sysctls(node_dir)
+    if machine_wide:
+        remove_kubelet_chains()
+        remove_tables_made_for_the_kubelet(node_dir)
+        restore_sysctls(node_dir)
+        remove_dirs_made_for_the_node(node_dir)
     remove_log_links(node_dir / "pod-logs")
     remove_cni_cache(network_name, sandboxes)
-    remove_dirs_made_for_the_node(node_dir)
     if node_dir.exists():
         shutil.rmtree(node_dir)
     return Cleaned(
