@@ -50,19 +50,22 @@ helm-lint: venv k8s-bins
 dashboard-png: venv deps k8s-bins grafana
 	BATCHPILOT_DASHBOARD_PNG=charts/batchpilot/dashboard.png $(PY) -m pytest tests/integration/test_grafana.py -k loads_the_dashboard
 
-# Debian packages the tests use, as tool:package: prometheus (the server and promtool); nftables
-# (kube-proxy's nftables mode and the pod network's filter), conntrack and iptables (to look at
-# and clean up what kube-proxy does); mmdebstrap and buildah (the images, `make images`),
-# containerd and runc (which run them in tests/integration/test_images_running.py). Only the
-# packages of missing tools are installed: a machine whose containerd and runc come from Docker's
-# containerd.io keeps them (Debian's containerd would replace it). The package lists are
-# refreshed only when the install fails without.
+# Debian packages the tests use, as tool:package (a tool is a command or an absolute path):
+# prometheus (the server and promtool); nftables (kube-proxy's nftables mode and the pod network's
+# filter), conntrack and iptables (to look at and clean up what kube-proxy does); mmdebstrap and
+# buildah (the images, `make images`), containerd and runc (which run them in
+# tests/integration/test_images_running.py); for the cluster's real node, the CNI plugins (bridge,
+# host-local, loopback), gcc and a static libc (the pause image). Only the packages of missing
+# tools are installed: a machine whose containerd and runc come from Docker's containerd.io keeps
+# them (Debian's containerd would replace it). The package lists are refreshed only when the
+# install fails without.
 DEBIAN_TOOLS := prometheus:prometheus promtool:prometheus nft:nftables conntrack:conntrack \
 	iptables:iptables mmdebstrap:mmdebstrap buildah:buildah containerd:containerd \
-	ctr:containerd runc:runc
+	ctr:containerd runc:runc /usr/lib/cni/bridge:containernetworking-plugins gcc:gcc \
+	/usr/lib/x86_64-linux-gnu/libc.a:libc6-dev
 deps:
-	@missing=$$(for pair in $(DEBIAN_TOOLS); do \
-	  command -v $${pair%%:*} >/dev/null || echo $${pair#*:}; done | sort -u | tr '\n' ' '); \
+	@missing=$$(for pair in $(DEBIAN_TOOLS); do tool=$${pair%%:*}; \
+	  { command -v $$tool || test -e $$tool; } >/dev/null || echo $${pair#*:}; done | sort -u | tr '\n' ' '); \
 	[ -z "$$missing" ] || { \
 	  sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 	  export DEBIAN_FRONTEND=noninteractive; \
@@ -125,7 +128,7 @@ gpu-wheels: venv
 
 # Against a real API server: the local control plane (started and stopped by the suite), or the
 # cluster $$KUBECONFIG names if it is a test cluster.
-e2e: venv deps k8s-bins
+e2e: venv deps k8s-bins images
 	$(PY) -m pytest e2e --e2e
 
 # Everything CI runs (.ci/run): linters, unit and integration tests, the e2e suite, and the

@@ -33,7 +33,7 @@ def test_the_gateway_is_link_local_and_outside_what_namespaces_route() -> None:
 
 
 def test_the_filter_drops_whatever_would_leave_the_run_s_veths() -> None:
-    rules = podnetwork._filter_rules()
+    rules = podnetwork.filter_rules()
     assert 'iifname "bpe*" oifname != "bpe*" drop' in rules
     assert 'oifname "bpe*" iifname != "bpe*" drop' in rules
     assert rules.count("delete table inet batchpilot-e2e") == 1  # replaced whole, atomically

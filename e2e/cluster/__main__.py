@@ -1,4 +1,4 @@
-"""``python -m e2e.cluster build|up|down|status|images``: the test control plane (and the
+"""``python -m e2e.cluster build|up|down|status|images|import``: the test cluster (and the
 project's container images) from a shell."""
 
 import argparse
@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from e2e.cluster import building, controlplane, images, locations
+from e2e.cluster import building, controlplane, images, locations, realnodes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,6 +31,10 @@ def main(argv: list[str] | None = None) -> int:
     images_parser.add_argument(
         "names", nargs="*", metavar="NAME", help="only these (default: all)", default=None
     )
+    import_parser = commands.add_parser(
+        "import", help="import OCI archives into the real node's containerd (no registry here)"
+    )
+    import_parser.add_argument("archives", nargs="+", type=Path, help="OCI archive files")
     args = parser.parse_args(argv)
     state_dir: Path = (args.state_dir or locations.state_dir()).resolve()
 
@@ -53,7 +57,16 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"down ({state_dir})")
                 return 1
             print(controlplane.Cluster.load(state_dir).to_json())
-    except (building.BuildError, controlplane.ClusterError) as error:
+        elif args.command == "import":
+            if not controlplane.is_up(state_dir):
+                print(f"error: no cluster up in {state_dir}", file=sys.stderr)
+                return 1
+            node = controlplane.Cluster.load(state_dir).node
+            ctr = building.require_binaries() / "ctr"
+            for archive in args.archives:
+                realnodes.import_image(node, ctr=ctr, archive=archive)
+                print(f"imported {archive} into {node.name}")
+    except (building.BuildError, controlplane.ClusterError, realnodes.NodeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     return 0

@@ -28,8 +28,10 @@ KUBERNETES_COMMANDS = (
     "kube-scheduler",
     "kube-proxy",
     "kubectl",
+    "kubelet",
 )
-ALL_BINARIES = ("etcd", "kwok", "helm", *KUBERNETES_COMMANDS)
+CONTAINERD_COMMANDS = ("containerd", "containerd-shim-runc-v2", "ctr")
+ALL_BINARIES = ("etcd", "kwok", "helm", *KUBERNETES_COMMANDS, *CONTAINERD_COMMANDS, "crictl")
 STAMP_NAME = "built.json"
 
 
@@ -47,6 +49,7 @@ class Product:
     packages: tuple[str, ...]
     ldflags: tuple[str, ...] = ()
     replaces: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    tags: tuple[str, ...] = ()
     main_go: str | None = None  # for products whose upstream main cannot be built as a dependency
 
     @property
@@ -192,6 +195,27 @@ def products(kubernetes_go_mod: str) -> list[Product]:
             ldflags=(f"-X helm.sh/helm/v3/internal/version.version={versions.HELM}",),
         ),
         kubernetes_product(kubernetes_go_mod),
+        Product(
+            name="containerd",
+            module="github.com/containerd/containerd/v2",
+            version=versions.CONTAINERD,
+            packages=tuple(
+                f"github.com/containerd/containerd/v2/cmd/{command}"
+                for command in CONTAINERD_COMMANDS
+            ),
+            ldflags=(
+                f"-X github.com/containerd/containerd/v2/version.Version={versions.CONTAINERD}",
+            ),
+            # The btrfs snapshotter needs cgo (libbtrfs headers); the node uses overlayfs.
+            tags=("no_btrfs",),
+        ),
+        Product(
+            name="cri-tools",
+            module="sigs.k8s.io/cri-tools",
+            version=versions.CRI_TOOLS,
+            packages=("sigs.k8s.io/cri-tools/cmd/crictl",),
+            ldflags=(f"-X sigs.k8s.io/cri-tools/pkg/version.Version={versions.CRI_TOOLS}",),
+        ),
     ]
 
 
@@ -254,13 +278,20 @@ def build_product(product: Product, *, bin_dir: Path, go: str, env: Mapping[str,
     output = str(bin_dir / product.name) if product.main_go else f"{bin_dir}/"
     # -s -w: no symbol tables or DWARF; the binaries are for running, not debugging.
     ldflags = " ".join(("-s", "-w", *product.ldflags))
-    argv = ["go", "build", "-trimpath", "-ldflags", ldflags, "-o", output, *product.packages]
+    tags = ["-tags", ",".join(product.tags)] if product.tags else []
+    argv = ["go", "build", "-trimpath", *tags, "-ldflags", ldflags, "-o", output]
+    argv += product.packages
     print(f"building {product.source} -> {', '.join(product.binaries)}", flush=True)
     started = time.monotonic()
     completed = subprocess.run(argv, cwd=module_dir, env=dict(env), check=False)
     if completed.returncode != 0:
         raise BuildError(f"go build of {product.source} failed (exit {completed.returncode})")
     print(f"built {product.name} in {time.monotonic() - started:.0f} s", flush=True)
+
+
+def newer_go(first: str, second: str) -> str:
+    """The later of two go directives: a module may not declare less than what it requires."""
+    return max(first, second, key=parse_go_version)
 
 
 def check_go_directive(go_mod: str, *, what: str) -> None:
@@ -291,11 +322,13 @@ def build(*, force: bool = False) -> BuildReport:
             stale = stale_binaries(product, bin_dir=bin_dir, stamps=stamps)
         if not stale:
             continue
+        needs = go
         if product.module != "k8s.io/kubernetes":
             upstream = downloaded_go_mod(product.module, product.version, env=env)
             check_go_directive(upstream, what=product.source)
+            needs = newer_go(go, go_directive(upstream))
         wanted = narrowed(product, stale)
-        build_product(wanted, bin_dir=bin_dir, go=go, env=env)
+        build_product(wanted, bin_dir=bin_dir, go=needs, env=env)
         stamps.update(dict.fromkeys(wanted.binaries, wanted.source))
         write_stamps(bin_dir, stamps)
         built.extend(wanted.binaries)

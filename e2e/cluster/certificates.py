@@ -36,7 +36,20 @@ ADMIN = Identity(file_stem="admin", user="batchpilot-e2e-admin", groups=("system
 CONTROLLER_MANAGER = Identity(file_stem="controller-manager", user="system:kube-controller-manager")
 SCHEDULER = Identity(file_stem="scheduler", user="system:kube-scheduler")
 KUBE_PROXY = Identity(file_stem="kube-proxy", user="system:kube-proxy")
-CLIENTS = (ADMIN, CONTROLLER_MANAGER, SCHEDULER, KUBE_PROXY)
+APISERVER_KUBELET_CLIENT = Identity(
+    file_stem="apiserver-kubelet-client",
+    user="kube-apiserver-kubelet-client",
+    groups=("system:masters",),  # as kubeadm did: logs, exec and port-forward through kubelets
+)
+CLIENTS = (ADMIN, CONTROLLER_MANAGER, SCHEDULER, KUBE_PROXY, APISERVER_KUBELET_CLIENT)
+
+
+def node_identity(node_name: str) -> Identity:
+    """A kubelet's client identity: the Node authorizer and NodeRestriction tie
+    ``system:node:<name>`` in ``system:nodes`` to that node and its Pods."""
+    return Identity(
+        file_stem=f"node-{node_name}", user=f"system:node:{node_name}", groups=("system:nodes",)
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -70,6 +83,14 @@ class Pki:
     @property
     def service_account_pub(self) -> Path:
         return self.directory / "sa.pub"
+
+    @property
+    def kubelet_serving_cert(self) -> Path:
+        return self.directory / "kubelet.crt"
+
+    @property
+    def kubelet_serving_key(self) -> Path:
+        return self.directory / "kubelet.key"
 
     def client_cert(self, identity: Identity) -> Path:
         return self.directory / f"{identity.file_stem}.crt"
@@ -196,18 +217,7 @@ def generate(directory: Path, *, dns_names: Sequence[str], ip_addresses: Sequenc
     )
 
     for identity in CLIENTS:
-        client_key = new_key()
-        write_key(pki.client_key(identity), client_key)
-        write_cert(
-            pki.client_cert(identity),
-            issue(
-                subject=name(identity.user, identity.groups),
-                public_key=client_key.public_key(),
-                issuer=ca_name,
-                issuer_key=ca_key,
-                usages=(ExtendedKeyUsageOID.CLIENT_AUTH,),
-            ),
-        )
+        issue_client(pki, identity, ca_name=ca_name, ca_key=ca_key)
 
     service_account_key = new_key()
     write_key(pki.service_account_key, service_account_key)
@@ -217,3 +227,44 @@ def generate(directory: Path, *, dns_names: Sequence[str], ip_addresses: Sequenc
         )
     )
     return pki
+
+
+def issue_client(
+    pki: Pki, identity: Identity, *, ca_name: x509.Name, ca_key: ec.EllipticCurvePrivateKey
+) -> None:
+    client_key = new_key()
+    write_key(pki.client_key(identity), client_key)
+    write_cert(
+        pki.client_cert(identity),
+        issue(
+            subject=name(identity.user, identity.groups),
+            public_key=client_key.public_key(),
+            issuer=ca_name,
+            issuer_key=ca_key,
+            usages=(ExtendedKeyUsageOID.CLIENT_AUTH,),
+        ),
+    )
+
+
+def issue_node(pki: Pki, *, node_name: str, node_ip: str) -> None:
+    """A real node's kubelet: its client identity and its serving certificate (for its name
+    and InternalIP, which the API server dials for logs and exec), signed by the run's CA."""
+    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise TypeError(f"{pki.ca_key} is not an EC key")
+    ca_name = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes()).subject
+    issue_client(pki, node_identity(node_name), ca_name=ca_name, ca_key=ca_key)
+    serving_key = new_key()
+    write_key(pki.kubelet_serving_key, serving_key)
+    write_cert(
+        pki.kubelet_serving_cert,
+        issue(
+            subject=name(f"system:node:{node_name}", ("system:nodes",)),
+            public_key=serving_key.public_key(),
+            issuer=ca_name,
+            issuer_key=ca_key,
+            usages=(ExtendedKeyUsageOID.SERVER_AUTH,),
+            dns_names=(node_name, "localhost"),
+            ip_addresses=(node_ip, "127.0.0.1"),
+        ),
+    )

@@ -4,8 +4,15 @@
 because the operator's e2e tests need it: the controller manager (Deployments make ReplicaSets
 make Pods; namespaces get deleted; service-account tokens and root-CA config maps appear;
 EndpointSlices follow Pods' readiness), the scheduler, kwok for nodes and pod status, kube-proxy
-(nftables mode) so that Services route to Ready Pods as in a cluster, and the pod runner for the
-pods that must really run, each in a network namespace of its own (``podnetwork``).
+(nftables mode) so that Services route to Ready Pods as in a cluster, the pod runner for the
+pods that must really run, each in a network namespace of its own (``podnetwork``), and one real
+node (``nodes``: containerd and a kubelet, Pods on a CNI bridge).
+
+The API server listens on the real node's bridge gateway, not on 127.0.0.1: Pods reach it
+through the ``kubernetes`` Service (in-cluster config), whose endpoint the API server maintains
+from its advertise address, and Endpoints refuse loopback addresses. The bridge exists before
+the API server starts, the serving certificate names the address, and podnetwork's filter drops
+what would reach it from outside the run's interfaces.
 Everything one run owns sits in its state dir, and ``stop`` needs nothing but that dir, so it also
 cleans up after a run that was killed.
 """
@@ -14,6 +21,8 @@ import contextlib
 import dataclasses
 import ipaddress
 import json
+import os
+import re
 import shutil
 import ssl
 import subprocess
@@ -33,8 +42,10 @@ from e2e.cluster import (
     certificates,
     clientconfigs,
     locations,
+    pauseimages,
     podnetwork,
     processes,
+    realnodes,
     rest,
     versions,
 )
@@ -44,11 +55,13 @@ SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 POD_NETWORK = ipaddress.ip_network("10.88.0.0/16")  # one /24 per node, like --allocate-node-cidrs
 HOST_ROUTES = (str(POD_NETWORK), SERVICE_CLUSTER_IP_RANGE)
 """What every network namespace of the run, a Pod's or a client's, routes through the host."""
-MAX_NODES = 255
+MAX_NODES = 254  # kwok nodes take 10.88.0-253; the real node 10.88.254, clients 10.88.255
 NODE_PREFIX = "kwok-node-"
+REAL_NODE_POD_CIDR = "10.88.254.0/24"
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 STAGES_FILE = Path(__file__).with_name("kwok") / "stages.yaml"
-# Stop order: the pod runner first (it stops its pods' processes), etcd last.
+# Stop order: the kubelet first (it would restart what containerd loses), then containerd, the
+# pod runner (it stops its pods' processes), etcd last.
 COMPONENTS = (
     "etcd",
     "kube-apiserver",
@@ -57,6 +70,8 @@ COMPONENTS = (
     "kwok",
     "kube-proxy",
     "podrunner",
+    "containerd",
+    "kubelet",
 )
 STATE_FILE = "state.json"
 
@@ -75,6 +90,8 @@ class Ports:
     kwok: int
     kube_proxy_healthz: int
     kube_proxy_metrics: int
+    kubelet: int
+    kubelet_healthz: int
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -86,14 +103,29 @@ class Cluster:
     ports: Ports
     nodes: tuple[str, ...]
     pod_cidrs: tuple[str, ...]
+    real_node: str = realnodes.NAME
 
     @property
     def kubeconfig(self) -> Path:
         return self.state_dir / "kubeconfig"
 
     @property
+    def node(self) -> realnodes.Node:
+        return realnodes.Node(
+            name=self.real_node,
+            state_dir=self.state_dir,
+            pod_cidr=REAL_NODE_POD_CIDR,
+            kubelet_port=self.ports.kubelet,
+            kubelet_healthz_port=self.ports.kubelet_healthz,
+        )
+
+    @property
+    def api_address(self) -> str:
+        return str(self.node.gateway)
+
+    @property
     def server(self) -> str:
-        return f"https://127.0.0.1:{self.ports.apiserver}"
+        return f"https://{self.api_address}:{self.ports.apiserver}"
 
     @property
     def pki(self) -> certificates.Pki:
@@ -121,6 +153,7 @@ class Cluster:
                 "ports": dataclasses.asdict(self.ports),
                 "nodes": list(self.nodes),
                 "pod_cidrs": list(self.pod_cidrs),
+                "real_node": self.real_node,
                 "kubeconfig": str(self.kubeconfig),
                 "server": self.server,
             },
@@ -136,6 +169,7 @@ class Cluster:
             ports=Ports(**data["ports"]),
             nodes=tuple(data["nodes"]),
             pod_cidrs=tuple(data["pod_cidrs"]),
+            real_node=data["real_node"],
         )
 
 
@@ -157,6 +191,21 @@ def tail(path: Path, lines: int = 20) -> str:
         return "(no log)"
 
 
+_ERROR_LINE = re.compile(r"^[EF]\d{4} |level=(error|fatal)")
+"""klog's error and fatal lines (the kubelet, the control plane), logrus's (containerd)."""
+
+
+def last_error(path: Path) -> str | None:
+    """The last error line of a component's log: why it stopped, usually, after pages of
+    flags."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return None
+    errors = [line for line in lines if _ERROR_LINE.search(line)]
+    return errors[-1].strip()[:500] if errors else None
+
+
 class _Startup:
     """Starts components one by one and fails fast, with its log, when one of them dies."""
 
@@ -175,14 +224,25 @@ class _Startup:
             **kwargs,
         )
 
-    def wait(self, what: str, ready: Callable[[], bool], *, timeout: float = 60.0) -> None:
+    def wait(
+        self,
+        what: str,
+        ready: Callable[[], bool],
+        *,
+        timeout: float = 60.0,
+        log_of: str | None = None,
+    ) -> None:
+        """Poll `ready` until it holds; a component that exits, or the deadline, raises (with the
+        log of `log_of`, the component waited for, on a timeout)."""
         deadline = time.monotonic() + timeout
         while True:
             for name, process in self.started.items():
                 if process.poll() is not None:
+                    log = self.cluster.log(name)
                     raise ClusterError(
-                        f"{name} exited with {process.returncode} while waiting for {what}; "
-                        f"last lines of {self.cluster.log(name)}:\n{tail(self.cluster.log(name))}"
+                        f"{name} exited with {process.returncode} while waiting for {what}"
+                        f"{': ' + reason if (reason := last_error(log)) else ''}; "
+                        f"last lines of {log}:\n{tail(log)}"
                     )
             try:
                 if ready():
@@ -190,7 +250,11 @@ class _Startup:
             except (OSError, rest.ApiError, ValueError):
                 pass
             if time.monotonic() > deadline:
-                raise ClusterError(f"timed out after {timeout:.0f} s waiting for {what}")
+                message = f"timed out after {timeout:.0f} s waiting for {what}"
+                if log_of is not None:
+                    log = self.cluster.log(log_of)
+                    message += f"; last lines of {log}:\n{tail(log)}"
+                raise ClusterError(message)
             time.sleep(0.2)
         self.say(f"  {what}: {time.monotonic() - self.t0:.1f} s")
 
@@ -242,7 +306,7 @@ def kube_proxy_config(cluster: Cluster, *, kubeconfig: Path) -> dict[str, Any]:
         "kind": "KubeProxyConfiguration",
         "mode": "nftables",
         "clientConnection": {"kubeconfig": str(kubeconfig)},
-        "hostnameOverride": cluster.nodes[0],
+        "hostnameOverride": cluster.real_node,
         "bindAddress": "127.0.0.1",
         "healthzBindAddress": f"127.0.0.1:{cluster.ports.kube_proxy_healthz}",
         "metricsBindAddress": f"127.0.0.1:{cluster.ports.kube_proxy_metrics}",
@@ -280,6 +344,13 @@ def start(
     in_use_by = podnetwork.holder()
     if in_use_by is not None:
         raise ClusterError(f"the pod network {POD_NETWORK} is in use by the cluster in {in_use_by}")
+    # A cluster that is starting holds no lock yet (its pod runner comes last), but its
+    # bridge, cgroups and network are the machine's: never take them from under it.
+    others = processes.other_owners(state_dir)
+    if others:
+        raise ClusterError(
+            f"another cluster runs on this machine, from {', '.join(sorted(others))}"
+        )
     # A run killed elsewhere (another checkout, its lock gone with it) may have left network
     # namespaces on IPs kwok is about to hand out again; stopping this state_dir misses those.
     removed = podnetwork.release(HOST_ROUTES)
@@ -297,7 +368,13 @@ def start(
     say(f"starting Kubernetes {versions.KUBERNETES} in {state_dir}")
     startup = _Startup(cluster, say=say)
     try:
+        realnodes.prepare(cluster.node, routes=HOST_ROUTES)
+        pause_archive = pauseimages.build()
         _start_components(cluster, startup, bin_dir=bin_dir)
+        _start_node(cluster, startup, bin_dir=bin_dir, pause_archive=pause_archive)
+    except (realnodes.NodeError, pauseimages.PauseImageError) as error:
+        stop(state_dir=state_dir, keep_logs=True, say=lambda _: None)
+        raise ClusterError(str(error)) from None
     except BaseException:
         stop(state_dir=state_dir, keep_logs=True, say=lambda _: None)
         raise
@@ -319,9 +396,11 @@ def _start_components(cluster: Cluster, startup: _Startup, *, bin_dir: Path) -> 
         ),
         ip_addresses=(
             "127.0.0.1",
+            cluster.api_address,
             str(next(ipaddress.ip_network(SERVICE_CLUSTER_IP_RANGE).hosts())),
         ),
     )
+    certificates.issue_node(pki, node_name=cluster.real_node, node_ip=cluster.node.gateway)
     clientconfigs.write(
         cluster.kubeconfig, server=cluster.server, pki=pki, identity=certificates.ADMIN
     )
@@ -354,13 +433,17 @@ def _start_components(cluster: Cluster, startup: _Startup, *, bin_dir: Path) -> 
     )
     startup.wait("etcd healthy", lambda: _http_ok(f"{etcd_client}/health", expect='"true"'))
 
+    # The API server binds the real node's gateway: the bridge first, and the filter that keeps
+    # it to the run's interfaces.
+    realnodes.make_bridge(cluster.node)
+    podnetwork.claim(HOST_ROUTES, node_gateway=cluster.node.gateway)
     startup.start(
         "kube-apiserver",
         [
             str(bin_dir / "kube-apiserver"),
             f"--etcd-servers={etcd_client}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            f"--bind-address={cluster.api_address}",
+            f"--advertise-address={cluster.api_address}",
             f"--secure-port={ports.apiserver}",
             f"--cert-dir={pki.directory}",
             f"--tls-cert-file={pki.serving_cert}",
@@ -376,9 +459,13 @@ def _start_components(cluster: Cluster, startup: _Startup, *, bin_dir: Path) -> 
             f"--service-account-key-file={pki.service_account_pub}",
             f"--service-account-signing-key-file={pki.service_account_key}",
             f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
-            # The advertise address is loopback, which Endpoints refuse to hold.
-            "--endpoint-reconciler-type=none",
+            f"--kubelet-certificate-authority={pki.ca_cert}",
+            f"--kubelet-client-certificate={pki.client_cert(certificates.APISERVER_KUBELET_CLIENT)}",
+            f"--kubelet-client-key={pki.client_key(certificates.APISERVER_KUBELET_CLIENT)}",
+            "--kubelet-preferred-address-types=InternalIP",
             "--allow-privileged=true",
+            # Pods that ask for nvidia.com/gpu tolerate the real node's GPU taint, as on GKE.
+            "--enable-admission-plugins=ExtendedResourceToleration",
             "--profiling=false",
         ],
     )
@@ -432,12 +519,13 @@ def _start_components(cluster: Cluster, startup: _Startup, *, bin_dir: Path) -> 
     )
     for name, pod_cidr in zip(cluster.nodes, cluster.pod_cidrs, strict=True):
         admin.request("POST", "/api/v1/nodes", body=node_manifest(name, pod_cidr))
+    # Registered before kube-proxy, which proxies for it, and before its kubelet starts.
+    admin.request("POST", "/api/v1/nodes", body=realnodes.node_manifest(cluster.node))
     startup.wait(
         f"{len(cluster.nodes)} kwok node(s) Ready",
         lambda: all(_node_ready(admin, name) for name in cluster.nodes),
     )
 
-    podnetwork.claim(HOST_ROUTES)
     proxy_config = state_dir / "kube-proxy.yaml"
     proxy_config.write_text(
         yaml.safe_dump(
@@ -470,6 +558,78 @@ def _start_components(cluster: Cluster, startup: _Startup, *, bin_dir: Path) -> 
         "default service account",
         lambda: bool(admin.get("/api/v1/namespaces/default/serviceaccounts/default")),
     )
+
+
+def _start_node(cluster: Cluster, startup: _Startup, *, bin_dir: Path, pause_archive: Path) -> None:
+    """containerd with the pause image imported, the Node registered, then its kubelet."""
+    node = cluster.node
+    runc = shutil.which("runc")
+    if runc is None:  # realnodes.prepare said so already; this keeps the type checker informed
+        raise ClusterError("runc is not installed")
+    node.containerd_config.write_text(
+        realnodes.containerd_config(
+            node,
+            shim=bin_dir / "containerd-shim-runc-v2",
+            runc=Path(runc),
+            sandbox_image=pauseimages.image_name(),
+        )
+    )
+    environment = realnodes.environment(bin_dir, os.environ)
+    startup.start(
+        "containerd", realnodes.containerd_argv(node, containerd=bin_dir / "containerd"),
+        env=environment,
+    )  # fmt: skip
+    startup.wait(
+        "containerd serving",
+        lambda: _ctr_ok(bin_dir / "ctr", node.containerd_socket),
+        timeout=30,
+        log_of="containerd",
+    )
+    realnodes.import_image(node, ctr=bin_dir / "ctr", archive=pause_archive)
+    startup.say(f"  pause image imported: {time.monotonic() - startup.t0:.1f} s")
+
+    admin = cluster.client()
+    clientconfigs.write(
+        node.kubelet_kubeconfig, server=cluster.server, pki=cluster.pki, identity=node.identity
+    )
+    node.kubelet_config.write_text(
+        yaml.safe_dump(realnodes.kubelet_config(node, pki=cluster.pki), sort_keys=False)
+    )
+    startup.start(
+        "kubelet", realnodes.kubelet_argv(node, kubelet=bin_dir / "kubelet"), env=environment
+    )
+    startup.wait(
+        f"node {node.name} Ready",
+        lambda: _node_ready(admin, node.name),
+        timeout=120,
+        log_of="kubelet",
+    )
+
+
+def restart_node(cluster: Cluster, *, say: Callable[[str], None] = print) -> None:
+    """Start the real node's containerd and kubelet again (after a crash and ``realnodes.clean``
+    with the bridge kept) and wait until the node is Ready."""
+    startup = _Startup(cluster, say=say)
+    try:
+        realnodes.prepare(cluster.node, routes=HOST_ROUTES)
+        _start_node(
+            cluster,
+            startup,
+            bin_dir=building.require_binaries(),
+            pause_archive=pauseimages.build(),
+        )
+    except (realnodes.NodeError, pauseimages.PauseImageError) as error:
+        raise ClusterError(str(error)) from None
+
+
+def _ctr_ok(ctr: Path, socket: Path) -> bool:
+    completed = subprocess.run(
+        [str(ctr), "--address", str(socket), "version"],
+        capture_output=True,
+        timeout=10,
+        check=False,
+    )
+    return completed.returncode == 0
 
 
 def restart(cluster: Cluster, component: str, *, down_seconds: float = 0.0) -> float:
@@ -514,8 +674,24 @@ def stop(
     leftovers = processes.sweep(state_dir)
     if leftovers:
         say(f"killed leftover processes {leftovers}")
-    # Leave the pod network alone if another cluster's pod runner holds it.
-    if podnetwork.holder() is None:
+    # The pod network, the real node's bridge and cgroups are the machine's, found by name:
+    # leave them alone while another cluster holds the network or has processes running.
+    network_free = podnetwork.holder() is None and not processes.other_owners(state_dir)
+    node_dir = state_dir / "node"
+    if network_free or node_dir.exists():
+        try:
+            cleaned = realnodes.clean(node_dir, machine_wide=network_free).summary()
+        except realnodes.NodeError as error:
+            say(f"the real node's cleanup left something: {error}")
+        else:
+            if cleaned:
+                say(f"removed the real node's {cleaned}")
+        left = realnodes.leftovers(
+            realnodes.Node(name=realnodes.NAME, state_dir=state_dir, pod_cidr=REAL_NODE_POD_CIDR)
+        )
+        if left and network_free:
+            say(f"the real node left {left}")
+    if network_free:
         removed = podnetwork.release(HOST_ROUTES)
         if removed:
             say(f"removed network namespaces: {', '.join(removed)}")

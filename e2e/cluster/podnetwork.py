@@ -207,22 +207,34 @@ def host_links() -> list[str]:
 # -- the network as a whole
 
 
-def claim(networks: Sequence[str]) -> None:
+def claim(networks: Sequence[str], *, node_gateway: str | None = None) -> None:
     """Unreachable routes for the networks (the pod network and the Service range: traffic to
     an address nothing serves, or to a Service kube-proxy has no rules for, fails at once
     instead of leaving by the default route), forwarding between the veths, and the filter that
-    keeps the namespaces' traffic on this machine."""
+    keeps the namespaces' traffic on this machine (and, with the real node's gateway, keeps
+    what listens on it, the API server and the kubelet, to the run's own interfaces)."""
     for network in networks:
         _must("ip", "route", "replace", "unreachable", network)
-    _must("nft", "-f", "-", stdin=_filter_rules())
+    _must("nft", "-f", "-", stdin=filter_rules(node_gateway=node_gateway))
     forwarding = Path("/proc/sys/net/ipv4/ip_forward")
     if not FORWARDING_SAVED.exists():
         FORWARDING_SAVED.write_text(forwarding.read_text())
     forwarding.write_text("1\n")
 
 
-def _filter_rules() -> str:
+def filter_rules(*, node_gateway: str | None = None) -> str:
     ours = f'"{LINK_PREFIX}*"'
+    # An address on any interface answers on every interface (Linux's weak host model): only
+    # loopback and the run's links may reach the real node's gateway.
+    guard = (
+        f"""
+  chain input {{
+    type filter hook input priority filter - 10; policy accept;
+    ip daddr {ipaddress.IPv4Address(node_gateway)} iifname != "lo" iifname != {ours} drop
+  }}"""
+        if node_gateway
+        else ""
+    )
     return f"""\
 table inet {FILTER_TABLE}
 delete table inet {FILTER_TABLE}
@@ -231,7 +243,7 @@ table inet {FILTER_TABLE} {{
     type filter hook forward priority filter - 10; policy accept;
     iifname {ours} oifname != {ours} drop
     oifname {ours} iifname != {ours} drop
-  }}
+  }}{guard}
 }}
 """
 

@@ -113,6 +113,20 @@ def is_owned(pid: int, state_dir: Path) -> bool:
     return executable.parent == locations.bin_dir()
 
 
+def other_owners(state_dir: Path) -> set[str]:
+    """The state dirs of other runs that have live processes on this machine: a cluster that
+    is starting holds no lock yet, but its processes carry their owner mark from the first."""
+    prefix = f"{OWNER_ENV}=".encode()
+    owners = set()
+    for pid in harness_processes.pids():
+        for entry in _read(Path(f"/proc/{pid}/environ")).split(b"\0"):
+            if entry.startswith(prefix):
+                owner = entry.removeprefix(prefix).decode(errors="replace")
+                if owner != str(state_dir) and harness_processes.is_alive(pid):
+                    owners.add(owner)
+    return owners
+
+
 def protected_pids() -> set[int]:
     """This process and its ancestors: a `down` run from inside the tree must not kill itself."""
     protected = set()

@@ -11,6 +11,13 @@ KUBERNETES: Final = "v1.36.3"
 ETCD: Final = "v3.6.16"
 KWOK: Final = "v0.8.0"
 HELM: Final = "v3.22.0"
+CONTAINERD: Final = "v2.4.2"
+"""The real node's CRI runtime: a 1.36 kubelet wants containerd 2.x, which Debian 12 does not
+package (its 1.6 is too old). The newest release whose go directive (1.26.6) our Go satisfies;
+its go.mod has no replace directives, so it builds as a dependency."""
+CRI_TOOLS: Final = "v1.37.0"
+"""crictl, to look at the node's pods and containers by hand (the CRI API it speaks is stable
+across minors; the proxy has no 1.36 release of cri-tools)."""
 PROMETHEUS_OPERATOR: Final = "v0.85.0"
 """Only its CRDs (ServiceMonitor, PodMonitor, PrometheusRule), for the chart's monitoring."""
 GRAFANA: Final = "v1.9.2-0.20230609164553-81d85ce8028d"

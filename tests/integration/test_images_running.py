@@ -351,6 +351,12 @@ def test_operator_image_runs_batchpilot_as_65532_without_the_harness(
     operator = built["batchpilot-operator"].reference
     user = containerd.run(operator, "operator-id", ["id", "-u"])
     assert user.stdout.strip() == "65532", user.stderr
+    # kopf names each replica in its peering `<user>@<host>`: a uid without a passwd entry made
+    # the operator exit at start in a Pod (e2e/test_install.py found it).
+    named = containerd.run(
+        operator, "operator-user", ["python", "-c", "import getpass; print(getpass.getuser())"]
+    )
+    assert named.stdout.strip() == "batchpilot", named.stderr
     helped = containerd.run(operator, "operator-help", ["batchpilot", "--help"])
     assert helped.returncode == 0, helped.stderr
     assert "operator" in helped.stdout

@@ -1,0 +1,267 @@
+"""Pods on the cluster's real node: containerd runs their containers, CNI gives them addresses,
+the kubelet judges their readiness, kube-proxy routes Services to them, and a crash of the node
+leaves nothing behind once cleaned."""
+
+import ipaddress
+import json
+import os
+import signal
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from batchpilot.kube import pods
+from e2e import clients, fleet, namespaces, nodeimages, waiting
+from e2e.cluster import building, controlplane, podnetwork, processes, realnodes
+from e2e.kubes import Kube
+
+pytestmark = pytest.mark.e2e
+
+PORT = 8000
+SERVER = """\
+import http.server, json, os, ssl, urllib.request
+
+ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def api_version():
+    # In-cluster configuration, as a client library builds it: the kubernetes Service's
+    # address from the environment, the service account's CA and token.
+    host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ["KUBERNETES_SERVICE_PORT"]
+    context = ssl.create_default_context(cafile=f"{ACCOUNT}/ca.crt")
+    with open(f"{ACCOUNT}/token") as token:
+        headers = {"Authorization": "Bearer " + token.read().strip()}
+    request = urllib.request.Request(f"https://{host}:{port}/version", headers=headers)
+    with urllib.request.urlopen(request, context=context, timeout=5) as response:
+        return json.load(response)["gitVersion"]
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        status = 200
+        try:
+            body = (api_version() if self.path == "/api-version" else os.environ["POD"]).encode()
+        except Exception as error:  # the test shows why, not a closed connection
+            status, body = 502, repr(error).encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+http.server.ThreadingHTTPServer(("0.0.0.0", LISTEN_PORT), Handler).serve_forever()
+""".replace("LISTEN_PORT", str(PORT))
+
+
+@pytest.fixture(scope="module")
+def node_image(kube: Kube) -> str:
+    """A Python image imported into the real node's containerd; its reference."""
+    if kube.local is None:
+        pytest.skip("needs the local cluster's real node")
+    image = nodeimages.python_image()
+    started = time.monotonic()
+    realnodes.import_image(
+        kube.local.node, ctr=building.require_binaries() / "ctr", archive=image.archive
+    )
+    print(f"\nimported {image.reference} in {time.monotonic() - started:.1f} s")
+    return image.reference
+
+
+def web_pod(name: str, image: str, *, gates: tuple[str, ...] = ()) -> client.V1Pod:
+    key, value = realnodes.NODE_LABEL
+    return client.V1Pod(
+        metadata=client.V1ObjectMeta(name=name, labels={"app": "web"}),
+        spec=client.V1PodSpec(
+            node_selector={key: value},
+            tolerations=[
+                client.V1Toleration(key=realnodes.TAINT_KEY, operator="Exists", effect="NoSchedule")
+            ],
+            containers=[
+                client.V1Container(
+                    name="web",
+                    image=image,
+                    image_pull_policy="Never",  # nothing to pull from: the image was imported
+                    command=["python3", "-c", SERVER],
+                    env=[
+                        client.V1EnvVar(
+                            name="POD",
+                            value_from=client.V1EnvVarSource(
+                                field_ref=client.V1ObjectFieldSelector(field_path="metadata.name")
+                            ),
+                        )
+                    ],
+                    ports=[client.V1ContainerPort(name="http", container_port=PORT)],
+                    readiness_probe=client.V1Probe(
+                        http_get=client.V1HTTPGetAction(path="/", port=PORT),
+                        period_seconds=1,
+                    ),
+                    security_context=client.V1SecurityContext(
+                        run_as_non_root=True,
+                        run_as_user=65532,
+                        read_only_root_filesystem=True,
+                        allow_privilege_escalation=False,
+                        capabilities=client.V1Capabilities(drop=["ALL"]),
+                    ),
+                )
+            ],
+            readiness_gates=[client.V1PodReadinessGate(condition_type=gate) for gate in gates]
+            or None,
+            enable_service_links=False,
+            termination_grace_period_seconds=2,
+        ),
+    )
+
+
+def conditions(kube: Kube, namespace: str, name: str) -> dict[str, str]:
+    status = kube.core.read_namespaced_pod(name, namespace).status
+    return {c.type: c.status for c in (status.conditions if status else None) or []}
+
+
+def pod_ip(kube: Kube, namespace: str, name: str) -> str | None:
+    status = kube.core.read_namespaced_pod(name, namespace).status
+    return status.pod_ip if status and status.phase == "Running" else None
+
+
+def http_get(url: str) -> str:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return str(response.read().decode())
+    except urllib.error.HTTPError as error:
+        return f"HTTP {error.code}: {error.read().decode(errors='replace')}"
+
+
+@pytest.mark.timeout(180)
+def test_a_pod_on_the_real_node_serves_from_its_cni_ip_and_is_ready_only_with_its_gate(
+    kube: Kube, namespace: str, node_image: str, client_host: podnetwork.Host
+) -> None:
+    created = time.monotonic()
+    kube.core.create_namespaced_pod(namespace, web_pod("web", node_image, gates=(pods.GATE,)))
+    ip = waiting.wait_for(
+        "the Pod Running with an IP", lambda: pod_ip(kube, namespace, "web"), timeout=90
+    )
+    pod = kube.core.read_namespaced_pod("web", namespace)
+    assert pod.spec is not None
+    assert pod.spec.node_name == realnodes.NAME
+    assert ipaddress.ip_address(ip) in ipaddress.ip_network(controlplane.REAL_NODE_POD_CIDR)
+    waiting.wait_for(
+        "the kubelet's probe to pass",
+        lambda: conditions(kube, namespace, "web").get("ContainersReady") == "True",
+        timeout=60,
+    )
+    print(f"\ncreated to ContainersReady: {time.monotonic() - created:.1f} s")
+    # The container serves on its CNI address, reached from the host over the node's bridge.
+    assert http_get(f"http://{ip}:{PORT}/") == "web"
+    # The kubelet holds Ready back until the gate's owner says so, and then follows it.
+    held = conditions(kube, namespace, "web")
+    assert held.get("Ready") == "False", held
+    body = {"status": {"conditions": [{"type": pods.GATE, "status": "True"}]}}
+    kube.core.patch_namespaced_pod_status("web", namespace, body)
+    waiting.wait_for(
+        "Ready once the gate is True",
+        lambda: conditions(kube, namespace, "web").get("Ready") == "True",
+        timeout=30,
+    )
+    # In-cluster configuration: the kubernetes Service leads to the API server.
+    assert kube.local is not None
+    assert http_get(f"http://{ip}:{PORT}/api-version") == kube.local.kubernetes_version
+
+    service = client.V1Service(
+        metadata=client.V1ObjectMeta(name="web"),
+        spec=client.V1ServiceSpec(
+            selector={"app": "web"},
+            ports=[client.V1ServicePort(port=80, target_port=PORT, protocol="TCP")],
+        ),
+    )
+    created_service = kube.core.create_namespaced_service(namespace, service)
+    assert created_service.spec is not None
+    service_ip = str(created_service.spec.cluster_ip)
+    waiting.wait_for(
+        "the Pod behind the Service",
+        lambda: fleet.ready_endpoints(kube, namespace, "web") == {ip},
+    )
+
+    def routed() -> bool:
+        return clients.probe(client_host, f"http://{service_ip}/", count=1) == {"web": 1}
+
+    # kube-proxy's rules follow the endpoints a moment later.
+    waiting.wait_for("kube-proxy to route the Service", routed, timeout=20, interval=0.5)
+    assert clients.probe(client_host, f"http://{service_ip}/", count=5) == {"web": 5}
+
+
+def _crash(cluster: controlplane.Cluster) -> None:
+    """SIGKILL the kubelet, containerd and every shim, as a crash of the node would: the Pods'
+    containers keep running, their mounts, cgroups and network namespaces stay."""
+    for name in ("kubelet", "containerd"):
+        pid = int((cluster.state_dir / "pids" / f"{name}.pid").read_text())
+        if processes.is_owned(pid, cluster.state_dir):
+            os.killpg(pid, signal.SIGKILL)
+    shim = building.require_binaries() / "containerd-shim-runc-v2"
+    for pid in processes.owned_pids(cluster.state_dir):
+        try:
+            executable = Path(os.readlink(f"/proc/{pid}/exe"))
+        except OSError:
+            continue
+        if executable == shim:
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def crashed_node(kube: Kube) -> Iterator[controlplane.Cluster]:
+    """The real node, crashed by the test, restarted afterwards for the tests that follow (with
+    an empty containerd: images imported before are gone with its root)."""
+    if kube.local is None:
+        pytest.skip("needs the local cluster's real node")
+    yield kube.local
+    controlplane.restart_node(kube.local)
+
+
+@pytest.mark.timeout(240)
+def test_a_crashed_node_is_cleaned_from_its_names_alone(
+    kube: Kube, node_image: str, crashed_node: controlplane.Cluster
+) -> None:
+    node = crashed_node.node
+    name = namespaces.unique("e2e-node-crash")
+    with namespaces.created(kube, name, label="batchpilot.dev/e2e", release_timeout=30):
+        kube.core.create_namespaced_pod(name, web_pod("web", node_image))
+        ip = waiting.wait_for("the Pod Running", lambda: pod_ip(kube, name, "web"), timeout=90)
+        waiting.wait_for("it serves", lambda: fleet.answers(f"http://{ip}:{PORT}/"))
+        before = realnodes.leftovers(node)
+        assert set(before) == {"mounts", "cgroups", "links", "netns"}, before
+        veths = realnodes.bridge_ports(node.bridge)
+        assert veths
+
+        _crash(crashed_node)
+        assert fleet.answers(f"http://{ip}:{PORT}/")  # the container outlives its node
+        cleaned = realnodes.clean(node.directory, keep_bridge=True)
+        print(f"\ncleaned: {cleaned.summary()}")
+
+        assert realnodes.leftovers(node) == {"links": [node.bridge]}  # the API server's
+        assert realnodes.bridge_ports(node.bridge) == []
+        assert not any(Path("/sys/fs/cgroup").glob(f"*/{realnodes.CGROUP_ROOT}"))
+        assert not node.directory.exists()
+        assert not fleet.answers(f"http://{ip}:{PORT}/")
+        assert not [pid for pid in cleaned.killed if Path(f"/proc/{pid}").exists()], (
+            "the Pod's processes outlived the cleanup"
+        )
+        kube.core.delete_namespaced_pod("web", name, grace_period_seconds=0)
+
+
+def test_the_node_reports_its_versions(kube: Kube) -> None:
+    if kube.local is None:
+        pytest.skip("needs the local cluster's real node")
+    node = kube.core.read_node(realnodes.NAME)
+    assert node.status is not None
+    assert node.status.node_info is not None
+    info = node.status.node_info
+    versions = {"kubelet": info.kubelet_version, "runtime": info.container_runtime_version}
+    print(f"\n{json.dumps(versions)}")
+    assert info.kubelet_version == kube.local.kubernetes_version
+    assert info.container_runtime_version.startswith("containerd://2.")
