@@ -370,8 +370,7 @@ def start(
     try:
         realnodes.prepare(cluster.node, routes=HOST_ROUTES)
         pause_archive = pauseimages.build()
-        _start_components(cluster, startup, bin_dir=bin_dir)
-        _start_node(cluster, startup, bin_dir=bin_dir, pause_archive=pause_archive)
+        _start_components(cluster, startup, bin_dir=bin_dir, pause_archive=pause_archive)
     except (realnodes.NodeError, pauseimages.PauseImageError) as error:
         stop(state_dir=state_dir, keep_logs=True, say=lambda _: None)
         raise ClusterError(str(error)) from None
@@ -382,7 +381,9 @@ def start(
     return cluster
 
 
-def _start_components(cluster: Cluster, startup: _Startup, *, bin_dir: Path) -> None:
+def _start_components(
+    cluster: Cluster, startup: _Startup, *, bin_dir: Path, pause_archive: Path
+) -> None:
     ports = cluster.ports
     state_dir = cluster.state_dir
     pki = certificates.generate(
@@ -525,6 +526,10 @@ def _start_components(cluster: Cluster, startup: _Startup, *, bin_dir: Path) -> 
         f"{len(cluster.nodes)} kwok node(s) Ready",
         lambda: all(_node_ready(admin, name) for name in cluster.nodes),
     )
+
+    # The real node before kube-proxy, which proxies for it: kube-proxy waits (30 s) for its
+    # node to have an address, which the kubelet reports.
+    _start_node(cluster, startup, bin_dir=bin_dir, pause_archive=pause_archive)
 
     proxy_config = state_dir / "kube-proxy.yaml"
     proxy_config.write_text(

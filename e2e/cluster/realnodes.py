@@ -845,9 +845,10 @@ def clean(
         remove_kubelet_chains()
         remove_tables_made_for_the_kubelet(node_dir)
         restore_sysctls(node_dir)
-        remove_dirs_made_for_the_node(node_dir)
     remove_log_links(node_dir / "pod-logs")
     remove_cni_cache(network_name, sandboxes)
+    if machine_wide:  # last: the links and cache entries above were in them
+        remove_dirs_made_for_the_node(node_dir)
     if node_dir.exists():
         shutil.rmtree(node_dir)
     return Cleaned(
