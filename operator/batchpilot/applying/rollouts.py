@@ -347,7 +347,7 @@ async def _close_restarted(
     checked: list[Replica] = []
     notes: list[str] = []
     for replica in replicas:
-        if replica.gated and replica.gate == "True" and replica.restarted:
+        if replica.restarted:  # set by mark_restarted on open gates only
             message = (
                 f"{replica.restarted} since it last served {plan.profile}; out of its Services "
                 "until it does again"

@@ -69,26 +69,27 @@ def _condition(pod: Mapping[str, Any], kind: str) -> str | None:
 
 def serving_container(pod: Mapping[str, Any], port: int) -> ServingContainer | None:
     """The container that declares `port`, and which run of it the Pod reports."""
-    declaring = [
-        container.get("name")
-        for container in pod["spec"].get("containers", [])
-        if any(p.get("containerPort") == port for p in container.get("ports") or [])
-    ]
-    for status in pod.get("status", {}).get("containerStatuses") or []:
-        if not declaring or status.get("name") != declaring[0]:
-            continue
-        state = status.get("state") or {}
-        running = state.get("running")
-        if running is None:
-            stopped = state.get("waiting") or state.get("terminated") or {}
-            return ServingContainer(
-                name=declaring[0], run="", stopped=str(stopped.get("reason") or "stopped")
-            )
-        run = (
-            status.get("containerID") or f"{status.get('restartCount')}@{running.get('startedAt')}"
-        )
-        return ServingContainer(name=declaring[0], run=str(run))
-    return None
+    name = next(
+        (
+            container.get("name")
+            for container in pod["spec"].get("containers", [])
+            if any(p.get("containerPort") == port for p in container.get("ports") or [])
+        ),
+        None,
+    )
+    status = next(
+        (s for s in pod.get("status", {}).get("containerStatuses") or [] if s.get("name") == name),
+        None,
+    )
+    if name is None or status is None:
+        return None
+    state = status.get("state") or {}
+    running = state.get("running")
+    if running is None:
+        stopped = state.get("waiting") or state.get("terminated") or {}
+        return ServingContainer(name=name, run="", stopped=str(stopped.get("reason") or "stopped"))
+    run = status.get("containerID") or f"{status.get('restartCount')}@{running.get('startedAt')}"
+    return ServingContainer(name=name, run=str(run))
 
 
 def replicas_from_pods(
