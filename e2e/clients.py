@@ -232,7 +232,7 @@ async def open_loop(
 
 
 def _environment() -> dict[str, str]:
-    """The checkout's code first, as the pod runner gives its Pods."""
+    """The checkout's code first: a client host runs this checkout, not an installed copy."""
     env = dict(os.environ)
     roots = [locations.REPO_ROOT / "operator", locations.REPO_ROOT / "sidecar", locations.REPO_ROOT]
     env["PYTHONPATH"] = os.pathsep.join([*map(str, roots), *filter(None, [env.get("PYTHONPATH")])])

@@ -125,9 +125,10 @@ def _given_cluster(kubeconfig: Path) -> kubes.Kube:
 
 @pytest.fixture
 def local_cluster(kube: kubes.Kube) -> controlplane.Cluster:
-    """The local cluster, for tests that need its pod runner; skips on other clusters."""
+    """The local cluster, for tests that reach into its real node (a container's processes, a
+    Pod's link); skips on other clusters."""
     if kube.local is None:
-        pytest.skip("needs the local cluster (its pod runner); KUBECONFIG points elsewhere")
+        pytest.skip("needs the local cluster (its real node); KUBECONFIG points elsewhere")
     return kube.local
 
 
@@ -145,7 +146,7 @@ def triton_pods(kube: kubes.Kube) -> None:
     images of `python -m e2e.kind`; skips elsewhere."""
     if not fleet.pods_run_here(kube.local is not None):
         pytest.skip(
-            "needs real Triton Pods: the local cluster's pod runner, or kind with "
+            "needs real Triton Pods: the local cluster's real node, or kind with "
             f"${fleet.TRITON_IMAGE_ENV} (python -m e2e.kind test)"
         )
 

@@ -2,7 +2,7 @@
 
 Each fault breaks one thing as it breaks in production, and `heal()` ends what does not end by
 itself: a Pod's network cut off (its link down, traffic dropped without an answer), Triton
-killed (the pod runner starts it again, as the kubelet would), a sidecar hung (SIGSTOP: alive
+killed (the kubelet starts its container again), a sidecar hung (SIGSTOP: alive
 and silent), kube-apiserver or etcd restarted, the operator killed (SIGKILL, then started
 again), and the policy edited (an override to the other profile, for a while).
 """
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from e2e import fleet, operators
-from e2e.cluster import controlplane, podnetwork
+from e2e.cluster import controlplane, podsandboxes
 from e2e.kubes import Kube
 
 KINDS = (
@@ -79,9 +79,8 @@ def inject(kind: str, target: Target, *, pod: str | None, hold_seconds: float) -
     fault = Fault(kind=kind, pod=pod if kind in POD_KINDS else None, injected=time.monotonic())
     if kind == "network-cut":
         assert pod is not None
-        host = podnetwork.Host(ip=target.ips[pod])
-        podnetwork.cut(host)
-        fault.heal_action = lambda: podnetwork.restore(host, routes=controlplane.HOST_ROUTES)
+        link = podsandboxes.cut(target.ips[pod])
+        fault.heal_action = lambda: podsandboxes.restore(link)
     elif kind == "triton-kill":
         assert pod is not None
         os.kill(fleet.process_in_pod(target.ips[pod], "tritonserver"), signal.SIGKILL)

@@ -1,11 +1,16 @@
-"""Real Triton servers behind real Pods, for e2e tests: run by the local cluster's pod runner, or,
-on kind, by the kubelet from the images that `python -m e2e.kind up` built."""
+"""Real Triton servers behind real Pods, for e2e tests and the cluster benchmarks: run by a real
+kubelet and containerd from the images built from this checkout, on the local cluster's real node
+(`e2e.cluster.realnodes`), or on kind from the images that `python -m e2e.kind up` built."""
 
 import contextlib
 import copy
+import dataclasses
 import datetime
+import functools
 import json
 import os
+import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -18,7 +23,7 @@ from batchpilot.kube import pods
 from batchpilot_harness import local_triton, processes
 from batchpilot_triton import endpoints, modelconfigs
 from e2e import waiting
-from e2e.cluster import controlplane, podnetwork, podrunner
+from e2e.cluster import building, controlplane, images, podsandboxes, realnodes
 from e2e.kubes import Kube
 
 MODEL = "gpu_sim"
@@ -68,13 +73,64 @@ def policy(name: str = "fleet", **spec: Any) -> dict[str, Any]:
 
 REPOSITORY_HEADER = "batchpilot-repository-token"
 """The header a locked Triton's model-repository API expects (the API's default)."""
+REPOSITORY_TOKEN_VARIABLE = "TRITON_REPOSITORY_TOKEN"
+"""The triton container's variable for the header's value, from a Secret, as in the manifest."""
 
 # Set by `python -m e2e.kind test`: the images of real Triton Pods on kind.
 TRITON_IMAGE_ENV = "BATCHPILOT_E2E_TRITON_IMAGE"
 SIDECAR_IMAGE_ENV = "BATCHPILOT_E2E_SIDECAR_IMAGE"
-# Where the local pod runner runs the processes, kwok never pulls these.
-UNPULLED_TRITON = "registry.invalid/batchpilot/tritonserver:0"
-UNPULLED_SIDECAR = "registry.invalid/batchpilot/sidecar:0"
+TRITON_IMAGE = "batchpilot-triton"
+SIDECAR_IMAGE = "batchpilot-sidecar"
+
+
+class PlacementError(Exception):
+    """Triton Pods cannot run on this cluster; says what is missing."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Placement:
+    """Where Triton Pods run, and from which images."""
+
+    triton_image: str
+    sidecar_image: str
+    node_selector: dict[str, str] | None = None
+    """The local cluster's real node (tainted for GPU Pods, which these tolerate); kind: any."""
+
+
+def placement(kube: Kube) -> Placement:
+    """The local cluster: its real node, with this checkout's images imported into its
+    containerd once per process. Elsewhere: the images `python -m e2e.kind test` named."""
+    if kube.local is not None:
+        return _real_node_placement(kube.local.state_dir)
+    triton, sidecar = os.environ.get(TRITON_IMAGE_ENV), os.environ.get(SIDECAR_IMAGE_ENV)
+    if not triton or not sidecar:
+        raise PlacementError(
+            f"no Triton images for this cluster: set ${TRITON_IMAGE_ENV} and "
+            f"${SIDECAR_IMAGE_ENV} (python -m e2e.kind test)"
+        )
+    return Placement(triton_image=triton, sidecar_image=sidecar)
+
+
+@functools.cache
+def _real_node_placement(state_dir: Path) -> Placement:
+    node = controlplane.Cluster.load(state_dir).node
+    ctr = building.require_binaries() / "ctr"
+    references = {}
+    for name in (TRITON_IMAGE, SIDECAR_IMAGE):
+        try:
+            built = images.archive(name)
+            started = time.monotonic()
+            realnodes.import_image(node, ctr=ctr, archive=built.archive)
+        except (images.ImageError, realnodes.NodeError) as error:
+            raise PlacementError(f"{error} (`make images` builds them)") from None
+        print(f"\nimported {built.reference} in {time.monotonic() - started:.1f} s", flush=True)
+        references[name] = built.reference
+    key, value = realnodes.NODE_LABEL
+    return Placement(
+        triton_image=references[TRITON_IMAGE],
+        sidecar_image=references[SIDECAR_IMAGE],
+        node_selector={key: value},
+    )
 
 
 def pods_run_here(local: bool) -> bool:
@@ -96,7 +152,7 @@ def tritonserver_arguments(
 ) -> list[str]:
     """The triton container's arguments, as manifests/triton-deployment.yaml gives them
     (Kubernetes expands the token variable from the container's environment)."""
-    token = f"$({podrunner.REPOSITORY_TOKEN_VARIABLE})"
+    token = f"$({REPOSITORY_TOKEN_VARIABLE})"
     credential = (REPOSITORY_HEADER, token) if locked else None
     return [
         "--model-repository=/models",
@@ -114,21 +170,22 @@ def tritonserver_arguments(
 def triton_pod(
     name: str,
     *,
+    placement: Placement,
     labels: dict[str, str],
     gated: bool,
     models: Sequence[str] = (MODEL,),
     grpc_max_connection_age_ms: int | None = None,
     repository_secret: str | None = None,
 ) -> client.V1Pod:
-    """A Triton Pod; `grpc_max_connection_age_ms` runs Triton with `--grpc-max-connection-age`;
-    `repository_secret` locks its model-repository API to REPOSITORY_HEADER, the value from that
-    Secret's key `token`, as manifests/triton-deployment.yaml does. The local pod runner reads
-    the annotations; a kubelet (kind) runs the container's own command, in the image
-    e2e/kind/triton.Dockerfile builds."""
+    """A Triton Pod: the triton container runs manifests/triton-deployment.yaml's command,
+    flags and readiness probe in the CPU Triton image (e2e/kind/triton.Dockerfile, whose /models
+    holds the demo models), beside the sidecar. `grpc_max_connection_age_ms` runs Triton with
+    `--grpc-max-connection-age`; `repository_secret` locks its model-repository API to
+    REPOSITORY_HEADER, the value from that Secret's key `token`, as the manifest does."""
     triton = client.V1Container(
         name="triton",
-        image=os.environ.get(TRITON_IMAGE_ENV, UNPULLED_TRITON),
-        image_pull_policy="Never",
+        image=placement.triton_image,
+        image_pull_policy="Never",  # imported into the node's runtime: there is no registry
         command=["tritonserver"],
         args=tritonserver_arguments(
             models=models,
@@ -137,7 +194,7 @@ def triton_pod(
         ),
         env=[
             client.V1EnvVar(
-                name=podrunner.REPOSITORY_TOKEN_VARIABLE,
+                name=REPOSITORY_TOKEN_VARIABLE,
                 value_from=client.V1EnvVarSource(
                     secret_key_ref=client.V1SecretKeySelector(name=repository_secret, key="token")
                 ),
@@ -150,10 +207,18 @@ def triton_pod(
             client.V1ContainerPort(name="grpc", container_port=endpoints.TRITON_GRPC_PORT),
             client.V1ContainerPort(name="metrics", container_port=endpoints.TRITON_METRICS_PORT),
         ],
+        # The manifest's probe, polled each second rather than each five (a test waits less),
+        # with as much patience before a serving Triton counts as unready: three failures of
+        # five seconds each. A new container is unready until its first success either way.
+        readiness_probe=client.V1Probe(
+            http_get=client.V1HTTPGetAction(path="/v2/health/ready", port="http"),
+            period_seconds=1,
+            timeout_seconds=5,
+        ),
     )
     sidecar = client.V1Container(
         name="batchpilot-sidecar",
-        image=os.environ.get(SIDECAR_IMAGE_ENV, UNPULLED_SIDECAR),
+        image=placement.sidecar_image,
         image_pull_policy="Never",
         args=[
             f"--triton-url={triton_url('127.0.0.1')}",
@@ -164,28 +229,17 @@ def triton_pod(
     )
     gates = [client.V1PodReadinessGate(condition_type=pods.GATE)] if gated else None
     return client.V1Pod(
-        metadata=client.V1ObjectMeta(
-            name=name,
-            labels=labels,
-            annotations={
-                podrunner.RUNTIME_ANNOTATION: "triton",
-                podrunner.MODELS_ANNOTATION: ",".join(models),
-                **(
-                    {}
-                    if grpc_max_connection_age_ms is None
-                    else {podrunner.GRPC_AGE_ANNOTATION: str(grpc_max_connection_age_ms)}
-                ),
-                **(
-                    {podrunner.REPOSITORY_HEADER_ANNOTATION: REPOSITORY_HEADER}
-                    if repository_secret
-                    else {}
-                ),
-            },
-        ),
+        metadata=client.V1ObjectMeta(name=name, labels=labels),
         spec=client.V1PodSpec(
             containers=[triton, sidecar],
             readiness_gates=gates,
             termination_grace_period_seconds=5,
+            node_selector=placement.node_selector,
+            tolerations=[
+                client.V1Toleration(key=realnodes.TAINT_KEY, operator="Exists", effect="NoSchedule")
+            ],
+            enable_service_links=False,
+            automount_service_account_token=False,
         ),
     )
 
@@ -263,9 +317,11 @@ def start_tritons(
     """Create `count` Triton Pods and wait until each serves; their IPs by name."""
     labels = labels or {"app": "triton"}
     names = [f"{prefix}-{index}" for index in range(count)]
+    where = placement(kube)
     for name in names:
         pod = triton_pod(
             name,
+            placement=where,
             labels=labels,
             gated=gated,
             grpc_max_connection_age_ms=grpc_max_connection_age_ms,
@@ -328,17 +384,17 @@ def gate_open(kube: Kube, namespace: str, pod: str) -> bool:
 
 
 def process_in_pod(ip: str, program: str) -> int:
-    """The pid of the process of the Pod at `ip` (on the local cluster) that runs `program`:
-    an executable's name (tritonserver) or a Python module's (batchpilot_sidecar)."""
+    """The pid of the process of the Pod at `ip` (on the local cluster's real node) that runs
+    `program`: an executable's name (tritonserver) or a Python module's (batchpilot_sidecar)."""
 
     def runs(pid: int) -> bool:
-        with contextlib.suppress(OSError):
+        try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            names = [Path(arg.decode(errors="replace")).name for arg in argv[:3]]
-            return program in names
-        return False
+        except OSError:
+            return False
+        return program in [Path(arg.decode(errors="replace")).name for arg in argv[:3]]
 
-    running = {pid for pid in podnetwork.pids(podnetwork.Host(ip=ip)) if runs(pid)}
+    running = {pid for pid in podsandboxes.pids(ip) if runs(pid)}
     # Triton forks before it execs a Python stub: for that instant the child's cmdline is its
     # parent's. The program is the process whose parent is not itself a copy.
     (pid,) = [
@@ -347,7 +403,51 @@ def process_in_pod(ip: str, program: str) -> int:
     return pid
 
 
-def pod_log(cluster: controlplane.Cluster, namespace: str, pod: str, container: str) -> str:
-    """What a container of a Pod the local pod runner ran has written so far."""
-    path = cluster.logs_dir / "pods" / f"{namespace}_{pod}_{container}.log"
-    return path.read_text(errors="replace") if path.exists() else ""
+def pod_log(kube: Kube, namespace: str, pod: str, container: str) -> str:
+    """What the current run of a Pod's container has written so far (the kubelet's log)."""
+    try:
+        return str(kube.core.read_namespaced_pod_log(pod, namespace, container=container))
+    except client.ApiException:
+        return ""
+
+
+class ReadyAfterRestart:
+    """Watches one Pod from a thread while a test breaks it: each time the kubelet calls the Pod
+    Ready after its triton container restarted, which profile its Triton serves. A Pod Ready on
+    any other than the decided one takes requests on the repository's settings."""
+
+    def __init__(self, kube: Kube, namespace: str, pod: str, ip: str, *, decided: str) -> None:
+        self.kube, self.namespace, self.pod, self.ip = kube, namespace, pod, ip
+        self.decided = decided
+        self.first_run = self._restarts()
+        self.restarted = False
+        self.ready_samples = 0
+        self.wrong: list[str | None] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _restarts(self) -> int:
+        status = self.kube.core.read_namespaced_pod(self.pod, self.namespace).status
+        return sum(
+            container.restart_count
+            for container in (status.container_statuses if status else None) or []
+            if container.name == "triton"
+        )
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.1):
+            with contextlib.suppress(client.ApiException, OSError):
+                if self._restarts() == self.first_run:
+                    continue
+                self.restarted = True
+                if pod_condition(self.kube, self.namespace, self.pod, "Ready") != "True":
+                    continue
+                self.ready_samples += 1
+                served = served_profile(self.ip)
+                if served != self.decided:
+                    self.wrong.append(served)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)

@@ -1,8 +1,8 @@
 """What a hostile tenant runs in its Pod: servers that answer every request, but badly.
 
 A policy author controls the Pods a policy selects and the Prometheus URL it names, so the operator
-must survive whatever answers there. This module plays that tenant on the local cluster's pod
-network (the pod runner's `hostile` runtime), on the ports the operator reads:
+must survive whatever answers there. This module plays that tenant in a Pod of the local cluster's
+real node (test_isolation mounts it from a ConfigMap), on the ports the operator reads:
 
 - **flood**: Triton's HTTP and metrics ports and the sidecar's port answer every request with a
   200 and `FLOOD_BYTES` of a JSON string that never ends (no memory is held to send it);

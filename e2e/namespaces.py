@@ -1,12 +1,11 @@
 """A namespace of its own for each e2e test and benchmark run, and a clean end to it.
 
 A new namespace takes no Pods until the controller manager has made its default service account,
-so it is handed out only after that. Deleting it is not the end on the local cluster: kwok hands a
-freed pod IP to the next pod at once, so the clean-up waits until the pod runner has stopped the
-processes of the namespace's Pods that it ran and removed their network namespaces, or the next
-user of an IP could reach a server that is still shutting down on it. Pods it never ran (no
-runtime annotation) have no network namespace to wait for. The Pods are deleted right after the
-namespace, without waiting for the namespace controller.
+so it is handed out only after that. Deleting it is not the end on the local cluster: the clean-up
+waits until the kubelet of the real node has stopped the containers of the namespace's Pods there
+(their Pod objects are gone once it has), so that the next test does not share the machine's two
+cores with servers still shutting down. kwok's Pods run nothing and go at once. The Pods are
+deleted right after the namespace, without waiting for the namespace controller.
 """
 
 import contextlib
@@ -16,7 +15,6 @@ from collections.abc import Iterator
 import kubernetes.client
 
 from e2e import waiting
-from e2e.cluster import podnetwork, podrunner
 from e2e.kubes import Kube
 
 
@@ -55,12 +53,11 @@ def created(
     try:
         yield name
     finally:
-        pod_ips = {
-            pod.status.pod_ip
+        real_node = kube.local.node.name if kube.local else None
+        running = {
+            str(pod.metadata.name)
             for pod in kube.core.list_namespaced_pod(name).items
-            if pod.status
-            and pod.status.pod_ip
-            and podrunner.RUNTIME_ANNOTATION in ((pod.metadata and pod.metadata.annotations) or {})
+            if pod.metadata and pod.spec and real_node and pod.spec.node_name == real_node
         }
         with contextlib.suppress(kubernetes.client.ApiException):
             kube.core.delete_namespace(name)
@@ -68,9 +65,9 @@ def created(
         # terminating namespace takes no new ones) saves those seconds on every test.
         with contextlib.suppress(kubernetes.client.ApiException):
             kube.core.delete_collection_namespaced_pod(name)
-        if kube.local is not None and pod_ips:
+        if running:
             waiting.wait_for(
-                f"the pod runner to release {', '.join(sorted(pod_ips))} of {name}",
-                lambda: not pod_ips & {host.ip for host in podnetwork.hosts()},
+                f"the kubelet to stop {', '.join(sorted(running))} of {name}",
+                lambda: not kube.core.list_namespaced_pod(name).items,
                 timeout=release_timeout,
             )

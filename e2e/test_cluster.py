@@ -17,8 +17,8 @@ from kubernetes import client
 
 from batchpilot.kube import pods
 from batchpilot_triton import endpoints
-from e2e import clients, fleet, namespaces, operators, waiting
-from e2e.cluster import controlplane, podnetwork, podrunner, processes
+from e2e import clients, fleet, operators, waiting
+from e2e.cluster import controlplane, podnetwork, podsandboxes, processes
 from e2e.kubes import Kube
 
 pytestmark = pytest.mark.e2e
@@ -66,27 +66,6 @@ def pod_ip(pod: client.V1Pod) -> str:
 def set_gate(kube: Kube, namespace: str, pod: str, status: str) -> None:
     body = {"status": {"conditions": [{"type": pods.GATE, "status": status}]}}
     kube.core.patch_namespaced_pod_status(pod, namespace, body)
-
-
-def http_get(url: str) -> str | None:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return str(response.read().decode())
-    except (urllib.error.URLError, OSError):
-        return None
-
-
-def listening(host: podnetwork.Host, port: int) -> bool:
-    """Whether a socket listens on `port` in the host's network namespace (on any address, as
-    a container's server does)."""
-    shown = subprocess.run(
-        ["ip", "netns", "exec", host.netns, "cat", "/proc/net/tcp"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout
-    rows = shown.splitlines()[1:]
-    return any(row.split()[1].endswith(f":{port:04X}") and row.split()[3] == "0A" for row in rows)
 
 
 @pytest.mark.timeout(30)
@@ -147,73 +126,6 @@ def test_pod_without_gates_becomes_ready(kube: Kube, namespace: str) -> None:
     )
 
 
-@pytest.mark.timeout(60)
-def test_namespace_clean_up_waits_only_for_pods_the_pod_runner_ran(
-    kube: Kube, local_cluster: controlplane.Cluster
-) -> None:
-    name = namespaces.unique("e2e-clean-up")
-    with namespaces.created(kube, name, label="batchpilot.dev/e2e", release_timeout=5):
-        kube.core.create_namespaced_pod(name, pod_manifest("pause"))
-        ip = pod_ip(running_pod(kube, name, "pause"))
-        # A network namespace on its IP that no Pod owns, as a run killed elsewhere leaves one.
-        podnetwork.add_host(ip, routes=())
-    try:
-        assert podnetwork.Host(ip=ip) in podnetwork.hosts()  # the clean-up did not wait for it
-    finally:
-        podnetwork.remove_host(ip)
-
-
-@pytest.mark.timeout(90)
-def test_http_echo_pod_answers_on_its_pod_ip_until_deleted(
-    kube: Kube, local_cluster: controlplane.Cluster, namespace: str
-) -> None:
-    annotations = {podrunner.RUNTIME_ANNOTATION: "http-echo"}
-    kube.core.create_namespaced_pod(namespace, pod_manifest("echo", annotations=annotations))
-    ip = pod_ip(running_pod(kube, namespace, "echo"))
-    address = ipaddress.ip_address(ip)
-    assert not address.is_loopback
-    assert any(address in ipaddress.ip_network(cidr) for cidr in local_cluster.pod_cidrs)
-
-    host = podnetwork.Host(ip=ip)
-    url = f"http://{ip}:{podrunner.ECHO_PORT}/"
-    body = waiting.wait_for("an answer from the pod", lambda: http_get(url))
-    assert body.strip() == f"{namespace}/echo"
-    assert host in podnetwork.hosts()
-    assert listening(host, podrunner.ECHO_PORT)
-
-    kube.core.delete_namespaced_pod("echo", namespace)
-
-    def pod_gone() -> bool:
-        try:
-            kube.core.read_namespaced_pod("echo", namespace)
-        except client.ApiException as error:
-            return bool(error.status == 404)
-        return False
-
-    waiting.wait_for("the pod to be deleted", pod_gone)
-    waiting.wait_for(
-        "the namespace to be removed", lambda: host not in podnetwork.hosts(), timeout=15
-    )
-    assert http_get(url) is None
-
-
-@pytest.mark.timeout(60)
-def test_pod_asking_for_an_unknown_runtime_gets_a_warning_and_nothing_runs(
-    kube: Kube, local_cluster: controlplane.Cluster, namespace: str
-) -> None:
-    annotations = {podrunner.RUNTIME_ANNOTATION: "sh -c 'touch /tmp/pwned'"}
-    kube.core.create_namespaced_pod(namespace, pod_manifest("evil", annotations=annotations))
-    ip = pod_ip(running_pod(kube, namespace, "evil"))
-
-    def warnings() -> list[client.CoreV1Event]:
-        events = kube.core.list_namespaced_event(namespace).items
-        return [e for e in events if e.reason == "E2ERejected" and e.involved_object.name == "evil"]
-
-    (event,) = waiting.wait_for("an E2ERejected event", warnings)
-    assert "unknown runtime" in (event.message or "")
-    assert podnetwork.Host(ip=ip) not in podnetwork.hosts()
-
-
 @pytest.mark.timeout(120)
 def test_triton_pod_is_running_and_answers_inference_on_its_pod_ip(
     kube: Kube, local_cluster: controlplane.Cluster, namespace: str
@@ -247,11 +159,7 @@ def test_triton_pod_can_ask_for_a_grpc_max_connection_age(
     the connections the server ends."""
     ips = fleet.start_tritons(kube, namespace, 1, grpc_max_connection_age_ms=500)
     (ip,) = ips.values()
-    (server,) = [
-        pid
-        for pid in podnetwork.pids(podnetwork.Host(ip=ip))
-        if Path(f"/proc/{pid}/exe").resolve().name == "tritonserver"
-    ]
+    server = fleet.process_in_pod(ip, "tritonserver")
     flags = Path(f"/proc/{server}/cmdline").read_bytes().split(b"\0")
     assert b"--grpc-max-connection-age=500" in flags
     triton = grpcclient.InferenceServerClient(f"{ip}:{endpoints.TRITON_GRPC_PORT}")
@@ -266,51 +174,6 @@ def test_triton_pod_can_ask_for_a_grpc_max_connection_age(
         time.sleep(0.05)
     triton.close()
     assert answered > 20
-
-
-@pytest.mark.timeout(120)
-def test_service_routes_new_connections_to_ready_pods_only_and_follows_the_gate(
-    kube: Kube, namespace: str, client_host: podnetwork.Host
-) -> None:
-    """Through kube-proxy, from a client namespace: no Ready Pod, no answer; then only the
-    Pods whose readiness gate is True answer, and a Pod whose gate goes False stops answering."""
-    annotations = {podrunner.RUNTIME_ANNOTATION: "http-echo"}
-    names = ("echo-0", "echo-1")
-    for name in names:
-        manifest = pod_manifest(name, annotations=annotations, gates=(pods.GATE,))
-        assert manifest.metadata is not None
-        manifest.metadata.labels = {"app": "echo"}
-        kube.core.create_namespaced_pod(namespace, manifest)
-    urls = [f"http://{pod_ip(running_pod(kube, namespace, name))}:8000/" for name in names]
-    waiting.wait_for("the echo Pods serving", lambda: all(http_get(url) for url in urls))
-    service = client.V1Service(
-        metadata=client.V1ObjectMeta(name="echo"),
-        spec=client.V1ServiceSpec(
-            selector={"app": "echo"},
-            ports=[client.V1ServicePort(port=80, target_port=podrunner.ECHO_PORT)],
-        ),
-    )
-    created = kube.core.create_namespaced_service(namespace, service)
-    assert created.spec is not None
-    url = f"http://{created.spec.cluster_ip}/"
-
-    def answered_by(*expected: str, count: int = 12) -> bool:
-        answers = set(clients.probe(client_host, url, count=count))
-        return answers == {f"{namespace}/{name}" for name in expected}
-
-    time.sleep(2)  # kube-proxy has long had the Service; its endpoints are all unready
-    assert set(clients.probe(client_host, url, count=4)) == {"error: URLError"}
-    set_gate(kube, namespace, "echo-0", "True")
-    waiting.wait_for("only echo-0 answering", lambda: answered_by("echo-0"), timeout=20)
-    set_gate(kube, namespace, "echo-1", "True")
-    waiting.wait_for("both answering", lambda: answered_by(*names, count=30), timeout=20)
-    gate_closed = time.monotonic()
-    set_gate(kube, namespace, "echo-0", "False")
-    waiting.wait_for(
-        "only echo-1 answering", lambda: answered_by("echo-1"), timeout=20, interval=0.05
-    )
-    print(f"\nthe Service stopped routing to echo-0 {time.monotonic() - gate_closed:.2f}s after")
-    assert answered_by("echo-1", count=30)
 
 
 def _tcp_peers(pid: int) -> set[str]:
@@ -351,10 +214,10 @@ def test_pods_have_namespaces_of_their_own_and_traffic_stays_among_the_run_s_hos
     start_operator: Callable[..., operators.OperatorProcess],
 ) -> None:
     """No Pod address on the host's lo or any host interface; each Pod IP on the eth0 of a
-    namespace of the run, routed through a veth of the run; no default route in any namespace;
-    and every TCP connection of the run's processes (control plane, pod runner, Pods, the
-    operator, a client through a Service, this test) goes to loopback, the gateway, a namespace
-    of the run or a Service IP."""
+    network namespace of its own, behind the real node's bridge; a client's behind a veth of the
+    run; no default route in any namespace; and every TCP connection of the run's processes
+    (control plane, the node, Pods, the operator, a client through a Service, this test) goes to
+    loopback, the gateway, a namespace of the run or a Service IP."""
     ips = fleet.start_tritons(kube, namespace, 2)
     service_ip = fleet.create_service(kube, namespace, selector={"app": "triton"})
     waiting.wait_for(
@@ -381,6 +244,7 @@ def test_pods_have_namespaces_of_their_own_and_traffic_stays_among_the_run_s_hos
         for _ in range(6):
             run = set(processes.owned_pids(local_cluster.state_dir))
             run |= {pid for host in podnetwork.hosts() for pid in podnetwork.pids(host)}
+            run |= {pid for ip in ips.values() for pid in podsandboxes.pids(ip)}
             run |= {os.getpid(), operator.process.pid}
             for pid in run:
                 peers |= _tcp_peers(pid)
@@ -404,26 +268,26 @@ def test_pods_have_namespaces_of_their_own_and_traffic_stays_among_the_run_s_hos
             assert address_on_host not in pod_network, f"{address_on_host} on {link['ifname']}"
             assert address_on_host not in service_range
 
-    ours = {host.ip: host for host in podnetwork.hosts()}
-    assert set(ips.values()) <= set(ours)
+    ours = {host.ip: host for host in podnetwork.hosts()}  # the clients'
     assert client_host.ip in ours
-    for host in ours.values():
-        inside = json.loads(subprocess.run(["ip", "-n", host.netns, "-json", "addr"],
+    namespaces_shown = [
+        (host.ip, ["ip", "-n", host.netns], podnetwork.GATEWAY) for host in ours.values()
+    ] + [
+        (ip, ["nsenter", f"--net=/proc/{podsandboxes.pids(ip)[0]}/ns/net", "ip"], real_node.gateway)
+        for ip in ips.values()
+    ]
+    for ip, ip_command, gateway in namespaces_shown:
+        inside = json.loads(subprocess.run([*ip_command, "-json", "addr"],
                                            capture_output=True, check=True).stdout)  # fmt: skip
         held = {(link["ifname"], info["local"]) for link in inside for info in link["addr_info"]}
-        assert {a for a in held if a[0] == "eth0" and "." in a[1]} == {("eth0", host.ip)}
-        routes = json.loads(subprocess.run(["ip", "-n", host.netns, "-4", "-json", "route"],
+        assert {a for a in held if a[0] == "eth0" and "." in a[1]} == {("eth0", ip)}
+        routes = json.loads(subprocess.run([*ip_command, "-4", "-json", "route"],
                                            capture_output=True, check=True).stdout)  # fmt: skip
-        # The gateway on the link, and the run's networks through it: no default route.
-        assert {route["dst"] for route in routes} == {
-            podnetwork.GATEWAY,
-            *controlplane.HOST_ROUTES,
-        }, routes
-        assert all(
-            route.get("gateway") == podnetwork.GATEWAY
-            for route in routes
-            if route["dst"] != podnetwork.GATEWAY
-        )
+        # The run's networks through the gateway; no default route.
+        assert "default" not in {route["dst"] for route in routes}, routes
+        assert {route["dst"] for route in routes if route.get("gateway") == gateway} == set(
+            controlplane.HOST_ROUTES
+        ), routes
 
     host_routes = json.loads(subprocess.run(["ip", "-4", "-json", "route"], capture_output=True,
                                             check=True).stdout)  # fmt: skip

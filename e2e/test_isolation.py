@@ -18,8 +18,8 @@ import yaml
 from kubernetes import client
 
 from batchpilot_triton import endpoints
-from e2e import fleet, namespaces, operators, waiting
-from e2e.cluster import podrunner
+from e2e import fleet, hostile_servers, namespaces, operators, waiting
+from e2e.cluster import realnodes
 from e2e.hostile_servers import PROMETHEUS_PORT
 from e2e.kubes import Kube
 from e2e.operators import OperatorProcess
@@ -38,17 +38,23 @@ def operator_memory_limit() -> int:
     return int(limit[:-2]) * MIB
 
 
-def hostile_pod(name: str, labels: dict[str, str]) -> client.V1Pod:
+SERVERS_CONFIGMAP = "hostile-servers"
+SERVERS_SOURCE = Path(hostile_servers.__file__)
+
+
+def hostile_pod(name: str, labels: dict[str, str], placement: fleet.Placement) -> client.V1Pod:
+    """The tenant's servers (`e2e.hostile_servers`, from a ConfigMap) in the sidecar's image,
+    which has Python and the ports' numbers (batchpilot_triton)."""
     return client.V1Pod(
-        metadata=client.V1ObjectMeta(
-            name=name, labels=labels, annotations={podrunner.RUNTIME_ANNOTATION: "hostile"}
-        ),
+        metadata=client.V1ObjectMeta(name=name, labels=labels),
         spec=client.V1PodSpec(
             containers=[
                 client.V1Container(
                     name="main",
-                    image="registry.invalid/hostile:0",
+                    image=placement.sidecar_image,
                     image_pull_policy="Never",
+                    command=["python", f"/hostile/{SERVERS_SOURCE.name}"],
+                    args=["--host", endpoints.EVERY_ADDRESS],
                     # Named as a Triton Pod's are, so that the policies read every port.
                     ports=[
                         client.V1ContainerPort(name=name, container_port=port)
@@ -58,8 +64,23 @@ def hostile_pod(name: str, labels: dict[str, str]) -> client.V1Pod:
                             ("sidecar", endpoints.SIDECAR_PORT),
                         )
                     ],
+                    volume_mounts=[
+                        client.V1VolumeMount(name="servers", mount_path="/hostile", read_only=True)
+                    ],
                 )
             ],
+            volumes=[
+                client.V1Volume(
+                    name="servers",
+                    config_map=client.V1ConfigMapVolumeSource(name=SERVERS_CONFIGMAP),
+                )
+            ],
+            node_selector=placement.node_selector,
+            tolerations=[
+                client.V1Toleration(key=realnodes.TAINT_KEY, operator="Exists", effect="NoSchedule")
+            ],
+            enable_service_links=False,
+            automount_service_account_token=False,
             termination_grace_period_seconds=2,
         ),
     )
@@ -67,7 +88,16 @@ def hostile_pod(name: str, labels: dict[str, str]) -> client.V1Pod:
 
 def start_hostile_pod(kube: Kube, namespace: str) -> str:
     """The tenant's Pod, its servers listening; its IP."""
-    kube.core.create_namespaced_pod(namespace, hostile_pod("hostile", {"app": "hostile"}))
+    kube.core.create_namespaced_config_map(
+        namespace,
+        client.V1ConfigMap(
+            metadata=client.V1ObjectMeta(name=SERVERS_CONFIGMAP),
+            data={SERVERS_SOURCE.name: SERVERS_SOURCE.read_text()},
+        ),
+    )
+    kube.core.create_namespaced_pod(
+        namespace, hostile_pod("hostile", {"app": "hostile"}, fleet.placement(kube))
+    )
 
     def ip() -> str | None:
         status = kube.core.read_namespaced_pod("hostile", namespace).status

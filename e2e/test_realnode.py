@@ -19,46 +19,9 @@ from batchpilot.kube import pods
 from e2e import clients, fleet, namespaces, nodeimages, waiting
 from e2e.cluster import building, controlplane, podnetwork, processes, realnodes
 from e2e.kubes import Kube
+from e2e.webpods import PORT, web_pod
 
 pytestmark = pytest.mark.e2e
-
-PORT = 8000
-SERVER = """\
-import http.server, json, os, ssl, urllib.request
-
-ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
-
-
-def api_version():
-    # In-cluster configuration, as a client library builds it: the kubernetes Service's
-    # address from the environment, the service account's CA and token.
-    host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ["KUBERNETES_SERVICE_PORT"]
-    context = ssl.create_default_context(cafile=f"{ACCOUNT}/ca.crt")
-    with open(f"{ACCOUNT}/token") as token:
-        headers = {"Authorization": "Bearer " + token.read().strip()}
-    request = urllib.request.Request(f"https://{host}:{port}/version", headers=headers)
-    with urllib.request.urlopen(request, context=context, timeout=5) as response:
-        return json.load(response)["gitVersion"]
-
-
-class Handler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        status = 200
-        try:
-            body = (api_version() if self.path == "/api-version" else os.environ["POD"]).encode()
-        except Exception as error:  # the test shows why, not a closed connection
-            status, body = 502, repr(error).encode()
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
-http.server.ThreadingHTTPServer(("0.0.0.0", LISTEN_PORT), Handler).serve_forever()
-""".replace("LISTEN_PORT", str(PORT))
 
 
 @pytest.fixture(scope="module")
@@ -73,51 +36,6 @@ def node_image(kube: Kube) -> str:
     )
     print(f"\nimported {image.reference} in {time.monotonic() - started:.1f} s")
     return image.reference
-
-
-def web_pod(name: str, image: str, *, gates: tuple[str, ...] = ()) -> client.V1Pod:
-    key, value = realnodes.NODE_LABEL
-    return client.V1Pod(
-        metadata=client.V1ObjectMeta(name=name, labels={"app": "web"}),
-        spec=client.V1PodSpec(
-            node_selector={key: value},
-            tolerations=[
-                client.V1Toleration(key=realnodes.TAINT_KEY, operator="Exists", effect="NoSchedule")
-            ],
-            containers=[
-                client.V1Container(
-                    name="web",
-                    image=image,
-                    image_pull_policy="Never",  # nothing to pull from: the image was imported
-                    command=["python3", "-c", SERVER],
-                    env=[
-                        client.V1EnvVar(
-                            name="POD",
-                            value_from=client.V1EnvVarSource(
-                                field_ref=client.V1ObjectFieldSelector(field_path="metadata.name")
-                            ),
-                        )
-                    ],
-                    ports=[client.V1ContainerPort(name="http", container_port=PORT)],
-                    readiness_probe=client.V1Probe(
-                        http_get=client.V1HTTPGetAction(path="/", port=PORT),
-                        period_seconds=1,
-                    ),
-                    security_context=client.V1SecurityContext(
-                        run_as_non_root=True,
-                        run_as_user=65532,
-                        read_only_root_filesystem=True,
-                        allow_privilege_escalation=False,
-                        capabilities=client.V1Capabilities(drop=["ALL"]),
-                    ),
-                )
-            ],
-            readiness_gates=[client.V1PodReadinessGate(condition_type=gate) for gate in gates]
-            or None,
-            enable_service_links=False,
-            termination_grace_period_seconds=2,
-        ),
-    )
 
 
 def conditions(kube: Kube, namespace: str, name: str) -> dict[str, str]:
@@ -194,6 +112,56 @@ def test_a_pod_on_the_real_node_serves_from_its_cni_ip_and_is_ready_only_with_it
     # kube-proxy's rules follow the endpoints a moment later.
     waiting.wait_for("kube-proxy to route the Service", routed, timeout=20, interval=0.5)
     assert clients.probe(client_host, f"http://{service_ip}/", count=5) == {"web": 5}
+
+
+@pytest.mark.timeout(180)
+def test_service_routes_new_connections_to_ready_pods_only_and_follows_the_gate(
+    kube: Kube, namespace: str, node_image: str, client_host: podnetwork.Host
+) -> None:
+    """Through kube-proxy, from a client namespace: no Ready Pod, no answer; then only the
+    Pods whose readiness gate is True answer, and a Pod whose gate goes False stops answering."""
+    names = ("echo-0", "echo-1")
+    for name in names:
+        kube.core.create_namespaced_pod(namespace, web_pod(name, node_image, gates=(pods.GATE,)))
+
+    def serving() -> bool:
+        return all(
+            conditions(kube, namespace, name).get("ContainersReady") == "True" for name in names
+        )
+
+    waiting.wait_for("both Pods serving", serving, timeout=90)
+    service = client.V1Service(
+        metadata=client.V1ObjectMeta(name="web"),
+        spec=client.V1ServiceSpec(
+            selector={"app": "web"},
+            ports=[client.V1ServicePort(port=80, target_port=PORT, protocol="TCP")],
+        ),
+    )
+    created = kube.core.create_namespaced_service(namespace, service)
+    assert created.spec is not None
+    url = f"http://{created.spec.cluster_ip}/"
+
+    def answered_by(*expected: str, count: int = 12) -> bool:
+        return set(clients.probe(client_host, url, count=count)) == set(expected)
+
+    time.sleep(2)  # kube-proxy has long had the Service; its endpoints are all unready
+    assert set(clients.probe(client_host, url, count=4)) == {"error: URLError"}
+    set_gate(kube, namespace, "echo-0", "True")
+    waiting.wait_for("only echo-0 answering", lambda: answered_by("echo-0"), timeout=20)
+    set_gate(kube, namespace, "echo-1", "True")
+    waiting.wait_for("both answering", lambda: answered_by(*names, count=30), timeout=20)
+    gate_closed = time.monotonic()
+    set_gate(kube, namespace, "echo-0", "False")
+    waiting.wait_for(
+        "only echo-1 answering", lambda: answered_by("echo-1"), timeout=20, interval=0.05
+    )
+    print(f"\nthe Service stopped routing to echo-0 {time.monotonic() - gate_closed:.2f}s after")
+    assert answered_by("echo-1", count=30)
+
+
+def set_gate(kube: Kube, namespace: str, pod: str, status: str) -> None:
+    body = {"status": {"conditions": [{"type": pods.GATE, "status": status}]}}
+    kube.core.patch_namespaced_pod_status(pod, namespace, body)
 
 
 def _crash(cluster: controlplane.Cluster) -> None:

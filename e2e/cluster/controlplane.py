@@ -4,9 +4,9 @@
 because the operator's e2e tests need it: the controller manager (Deployments make ReplicaSets
 make Pods; namespaces get deleted; service-account tokens and root-CA config maps appear;
 EndpointSlices follow Pods' readiness), the scheduler, kwok for nodes and pod status, kube-proxy
-(nftables mode) so that Services route to Ready Pods as in a cluster, the pod runner for the
-pods that must really run, each in a network namespace of its own (``podnetwork``), and one real
-node (``nodes``: containerd and a kubelet, Pods on a CNI bridge).
+(nftables mode) so that Services route to Ready Pods as in a cluster, client network namespaces
+(``podnetwork``), and one real node (``realnodes``: containerd and a kubelet, Pods on a CNI
+bridge) for the Pods that must really run.
 
 The API server listens on the real node's bridge gateway, not on 127.0.0.1: Pods reach it
 through the ``kubernetes`` Service (in-cluster config), whose endpoint the API server maintains
@@ -60,16 +60,16 @@ NODE_PREFIX = "kwok-node-"
 REAL_NODE_POD_CIDR = "10.88.254.0/24"
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 STAGES_FILE = Path(__file__).with_name("kwok") / "stages.yaml"
-# Stop order: the kubelet first (it would restart what containerd loses), then containerd, the
-# pod runner (it stops its pods' processes), etcd last.
+# Stop order: the kubelet first (it would restart what containerd loses), then containerd,
+# etcd, and the pod network's lock last.
 COMPONENTS = (
+    "podnetwork-lock",
     "etcd",
     "kube-apiserver",
     "kube-controller-manager",
     "kube-scheduler",
     "kwok",
     "kube-proxy",
-    "podrunner",
     "containerd",
     "kubelet",
 )
@@ -344,8 +344,8 @@ def start(
     in_use_by = podnetwork.holder()
     if in_use_by is not None:
         raise ClusterError(f"the pod network {POD_NETWORK} is in use by the cluster in {in_use_by}")
-    # A cluster that is starting holds no lock yet (its pod runner comes last), but its
-    # bridge, cgroups and network are the machine's: never take them from under it.
+    # Two clusters starting at once both find the lock free: their bridge, cgroups and network
+    # are the machine's, so never take them from under another cluster's processes.
     others = processes.other_owners(state_dir)
     if others:
         raise ClusterError(
@@ -368,6 +368,13 @@ def start(
     say(f"starting Kubernetes {versions.KUBERNETES} in {state_dir}")
     startup = _Startup(cluster, say=say)
     try:
+        lock_taken = state_dir / "podnetwork-lock.ready"
+        startup.start(
+            "podnetwork-lock",
+            [sys.executable, "-m", "e2e.cluster.podnetwork", str(state_dir), str(lock_taken)],
+            cwd=locations.REPO_ROOT,
+        )
+        startup.wait("the pod network's lock", lock_taken.exists, log_of="podnetwork-lock")
         realnodes.prepare(cluster.node, routes=HOST_ROUTES)
         pause_archive = pauseimages.build()
         _start_components(cluster, startup, bin_dir=bin_dir, pause_archive=pause_archive)
@@ -551,13 +558,6 @@ def _start_components(
         lambda: _http_ok(f"http://127.0.0.1:{ports.kube_proxy_healthz}/healthz", expect=""),
     )
 
-    ready_marker = state_dir / "podrunner.ready"
-    startup.start(
-        "podrunner",
-        [sys.executable, "-m", "e2e.cluster.podrunner", f"--state-dir={state_dir}"],
-        cwd=locations.REPO_ROOT,
-    )
-    startup.wait("pod runner watching", ready_marker.exists)
     # Pods are rejected until the namespace's service account exists.
     startup.wait(
         "default service account",
@@ -638,24 +638,37 @@ def _ctr_ok(ctr: Path, socket: Path) -> bool:
 
 
 def restart(cluster: Cluster, component: str, *, down_seconds: float = 0.0) -> float:
-    """Restart etcd or kube-apiserver, down for `down_seconds`, and wait until it serves again;
-    the seconds the API was unavailable. Everything else (the operator, kwok, the pod runner,
-    kube-proxy) must find its way back on its own."""
+    """Restart etcd, kube-apiserver, or the real node's kubelet or containerd, down for
+    `down_seconds`, and wait until it serves again; the seconds it was away. Everything else (the
+    operator, kwok, kube-proxy, the node's running containers) must find its way back on its
+    own."""
+    node = cluster.node
+    bin_dir = building.require_binaries()
     healthy: dict[str, Callable[[], bool]] = {
         "etcd": lambda: _http_ok(
             f"http://127.0.0.1:{cluster.ports.etcd_client}/health", expect='"true"'
         ),
         "kube-apiserver": lambda: cluster.client().text("/readyz").strip() == "ok",
+        "kubelet": lambda: _http_ok(
+            f"http://127.0.0.1:{node.kubelet_healthz_port}/healthz", expect="ok"
+        ),
+        "containerd": lambda: _ctr_ok(bin_dir / "ctr", node.containerd_socket),
     }
     if component not in healthy:
         raise ClusterError(f"cannot restart {component!r}: one of {sorted(healthy)}")
+    on_the_node = component in ("kubelet", "containerd")
     stopped_at = time.monotonic()
-    process = processes.restart(cluster.state_dir, component, down_seconds=down_seconds)
+    process = processes.restart(
+        cluster.state_dir,
+        component,
+        down_seconds=down_seconds,
+        env=realnodes.environment(bin_dir, os.environ) if on_the_node else None,
+    )
     deadline = stopped_at + down_seconds + 60
     while True:
         if process.poll() is not None:
             raise ClusterError(f"{component} exited with {process.returncode} after a restart")
-        with contextlib.suppress(OSError, rest.ApiError, ValueError):
+        with contextlib.suppress(OSError, rest.ApiError, ValueError, subprocess.SubprocessError):
             if healthy[component]() and cluster.client().text("/readyz").strip() == "ok":
                 return time.monotonic() - stopped_at
         if time.monotonic() > deadline:

@@ -21,8 +21,9 @@ whatever would be forwarded between a veth and any other interface. ``release`` 
 the names' prefix, so it also cleans up after a crashed run: namespaces, veths, the table,
 kube-proxy's tables, the routes and the sysctl.
 
-The pod network is one per machine, so one local cluster at a time may use it: the pod runner
-holds an flock on ``LOCK`` for as long as it runs, and the lock dies with it.
+The pod network is one per machine, so one local cluster at a time may use it: the cluster's
+``podnetwork-lock`` component (``hold_lock``) holds an flock on ``LOCK`` for as long as it runs,
+and the lock dies with it.
 """
 
 import contextlib
@@ -30,8 +31,11 @@ import dataclasses
 import fcntl
 import ipaddress
 import json
+import signal
 import subprocess
+import sys
 import tempfile
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO
@@ -290,3 +294,26 @@ def client_host(*, routes: Sequence[str]) -> Iterator[Host]:
             lock.close()
         return
     raise OSError(f"every client address in {CLIENT_NETWORK} is in use")
+
+
+# -- the lock, held by a component of the cluster
+
+
+def hold_lock(owner: Path, ready_marker: Path) -> int:
+    """Hold the pod network's lock for the cluster in `owner` until SIGTERM or SIGINT: the
+    cluster's `podnetwork-lock` component, so that the lock lives and dies with the cluster."""
+    lock = try_lock(owner)
+    if lock is None:
+        print(f"the pod network is in use by the cluster in {holder()}", flush=True)
+        return 1
+    stopped = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stopped.set())
+    ready_marker.touch()
+    stopped.wait()
+    lock.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(hold_lock(Path(sys.argv[1]), Path(sys.argv[2])))

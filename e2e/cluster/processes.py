@@ -63,9 +63,16 @@ def start(
     return process
 
 
-def restart(state_dir: Path, name: str, *, down_seconds: float = 0.0) -> subprocess.Popen[bytes]:
+def restart(
+    state_dir: Path,
+    name: str,
+    *,
+    down_seconds: float = 0.0,
+    env: Mapping[str, str] | None = None,
+) -> subprocess.Popen[bytes]:
     """Stop a component (SIGTERM, then SIGKILL) and, `down_seconds` later, start it again as
-    it was started: a crashed or upgraded control-plane process coming back."""
+    it was started (in `env`, if it was not started in this process's environment): a crashed
+    or upgraded process coming back."""
     recorded = json.loads((state_dir / "pids" / f"{name}.json").read_text())
     stop_recorded(state_dir, [name])
     time.sleep(down_seconds)
@@ -75,6 +82,7 @@ def restart(state_dir: Path, name: str, *, down_seconds: float = 0.0) -> subproc
         argv=recorded["argv"],
         state_dir=state_dir,
         log_path=Path(recorded["log_path"]),
+        env=env,
         cwd=Path(cwd) if cwd else None,
     )
 

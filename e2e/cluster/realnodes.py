@@ -330,7 +330,9 @@ def kubelet_config(node: Node, *, pki: certificates.Pki) -> dict[str, Any]:
         "nodeStatusReportFrequency": "30s",
         "serializeImagePulls": False,
         "shutdownGracePeriod": "0s",  # graceful node shutdown needs systemd's inhibitor locks
-        "maxPods": 32,
+        # Every Triton of the e2e suite and the cluster benchmarks (bench_scale: 32 at once,
+        # beside the Pods of namespaces still terminating).
+        "maxPods": 110,
         "registerNode": True,
     }
 

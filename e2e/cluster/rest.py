@@ -1,8 +1,8 @@
-"""Just enough of the Kubernetes REST API for the cluster tooling: JSON requests and watches.
+"""Just enough of the Kubernetes REST API for the cluster tooling: JSON requests.
 
 The tooling talks to an API server it has just started, with certificate files it has just
 written, so a few typed calls over urllib serve better than a generated client: nothing to import
-slowly, nothing untyped, and the same code runs in ``up`` and in the pod runner.
+slowly, nothing untyped, and one way to the API while the cluster starts.
 """
 
 import contextlib
@@ -12,7 +12,7 @@ import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any, cast
 
 JsonObject = dict[str, Any]
@@ -84,18 +84,3 @@ class Client:
     def text(self, path: str, *, timeout: float = 5.0) -> str:
         with self._open("GET", path, timeout=timeout) as response:
             return cast(bytes, response.read()).decode()
-
-    def watch(
-        self, path: str, *, resource_version: str, timeout_seconds: int
-    ) -> Iterator[JsonObject]:
-        """Watch events until the server closes the watch after timeout_seconds."""
-        query = {
-            "watch": "1",
-            "resourceVersion": resource_version,
-            "allowWatchBookmarks": "true",
-            "timeoutSeconds": str(timeout_seconds),
-        }
-        with self._open("GET", path, query=query, timeout=timeout_seconds + 30) as response:
-            for line in response:
-                if line.strip():
-                    yield cast(JsonObject, json.loads(line))

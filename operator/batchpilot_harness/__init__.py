@@ -10,6 +10,6 @@ batchpilot.
 - `demo`: `batchpilot demo` (the `commands` module registers it with the `batchpilot` command).
 - `gpuchecks`: `make gpu-check`, the same on a real GPU, and the wheels it carries there.
 
-The tests, the benchmarks and the e2e pod runner use it; no product module imports it (an
+The tests, the benchmarks and the e2e suite use it; no product module imports it (an
 import-linter contract says so), and the operator's image does not carry it.
 """

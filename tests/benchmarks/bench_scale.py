@@ -1,9 +1,9 @@
 """Operator scale: many BatchPolicies over real Triton Pods; CPU, memory, and a schedule boundary.
 
-On the local Kubernetes cluster (`e2e.cluster`), R real tritonservers serve `gpu_sim` behind R
-kwok Pods (run by the pod runner) spread over several namespaces, and one `batchpilot operator`
-process governs them. For each policy count P it creates P BatchPolicies, each selecting one Pod
-(round-robin over the Pods):
+On the local Kubernetes cluster (`e2e.cluster`), R real tritonservers serve `gpu_sim` in R Pods
+of its real node (containerd, the kubelet) spread over several namespaces, and one
+`batchpilot operator` process governs them. For each policy count P it creates P BatchPolicies,
+each selecting one Pod (round-robin over the Pods):
 
 - the first R are live: each governs its own Pod's model and switches it for real;
 - the other P - R govern the same model in `dryRun`, so several policies share each Pod. They
@@ -131,10 +131,11 @@ class Server:
 
 def start_servers(kube: Kube, namespaces: Sequence[str], count: int) -> list[Server]:
     names = [(namespaces[i % len(namespaces)], f"triton-{i}") for i in range(count)]
+    placement = fleet.placement(kube)
     for namespace, pod in names:
+        labels = {"app": "triton", "bench-pod": pod}
         kube.core.create_namespaced_pod(
-            namespace,
-            fleet.triton_pod(pod, labels={"app": "triton", "bench-pod": pod}, gated=False),
+            namespace, fleet.triton_pod(pod, placement=placement, labels=labels, gated=False)
         )
 
     def serving() -> list[Server] | None:
@@ -459,9 +460,9 @@ def render(
     # With a lead the target is the boundary itself; without, one interval plus one wave.
     bound = 0.0 if lead_time != "0s" else INTERVAL + facts.single_reload
     lines = [
-        f"{facts.servers} real tritonservers (gpu_sim, 4 instances each) behind kwok Pods in "
-        f"{facts.namespaces} namespace(s), started in {facts.start_seconds:.0f} s; each took "
-        f"{facts.memory_per_server / mib:.0f} MiB (MemAvailable), so the "
+        f"{facts.servers} real tritonservers (gpu_sim, 4 instances each) in Pods of the real "
+        f"node in {facts.namespaces} namespace(s), started in {facts.start_seconds:.0f} s; "
+        f"each took {facts.memory_per_server / mib:.0f} MiB (MemAvailable), so the "
         f"{facts.mem_available_before / 2**30:.1f} GiB available would hold about "
         f"{facts.servers_memory_holds} (keeping a fifth free); CPU is the tighter limit. "
         f"Operator timer {INTERVAL:g} s; one reload alone: {facts.single_reload:.2f} s; "

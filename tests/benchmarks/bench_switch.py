@@ -2,7 +2,8 @@
 place or drained, as four kinds of client see it.
 
 On the local Kubernetes cluster (`e2e.cluster`: a real API server, kube-proxy in nftables mode,
-kwok Pods whose tritonservers the pod runner really runs, each in a network namespace of its own)
+Pods on its real node, run by the kubelet and containerd from this checkout's images, each in a
+network namespace of its own that CNI's bridge plugin joins to the node's bridge)
 N Pods serve `gpu_sim` behind a ClusterIP Service and the operator runs as a process, as its
 ServiceAccount. Open-loop Poisson load comes from four clients (`e2e.clients`):
 

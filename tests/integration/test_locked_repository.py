@@ -202,8 +202,8 @@ def test_the_runner_reads_the_credential_from_a_file_never_its_command_line(
 def test_the_command_line_locks_the_repository_with_the_value_from_its_environment(
     tmp_path: Path,
 ) -> None:
-    """How the e2e pod runner starts a Triton Pod's locked server: the header on the command
-    line, the value in the environment (as a Pod's Secret would put it)."""
+    """`python -m batchpilot_harness.local_triton --repository-header`: the header on the
+    command line, the value in the environment (as a Pod's Secret would put it)."""
     http, grpc, metrics = local_triton.free_ports("127.0.0.1", 3)
     output = tmp_path / "output.log"
     arguments = [

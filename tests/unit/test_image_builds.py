@@ -347,8 +347,8 @@ def test_a_step_that_hangs_is_stopped_and_named(tmp_path: Path) -> None:
         images.run_logged(argv, what="one", log=log, timeout=1, env={})
 
 
-def test_kind_s_triton_pods_run_the_deployment_s_tritonserver_command() -> None:
-    """On kind the Triton image runs what manifests/triton-deployment.yaml runs."""
+def test_e2e_triton_pods_run_the_deployment_s_tritonserver_command() -> None:
+    """In the e2e suite the Triton image runs what manifests/triton-deployment.yaml runs."""
     documents = yaml.safe_load_all(
         (locations.REPO_ROOT / "manifests" / "triton-deployment.yaml").read_text()
     )
@@ -356,7 +356,10 @@ def test_kind_s_triton_pods_run_the_deployment_s_tritonserver_command() -> None:
     (container,) = (
         c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "triton"
     )
-    pod = fleet.triton_pod("t", labels={}, gated=False, repository_secret="credential")
+    placement = fleet.Placement(triton_image="triton:0", sidecar_image="sidecar:0")
+    pod = fleet.triton_pod(
+        "t", placement=placement, labels={}, gated=False, repository_secret="credential"
+    )
     assert pod.spec is not None
     (triton,) = (c for c in pod.spec.containers if c.name == "triton")
     assert triton.command == container["command"]
@@ -364,7 +367,7 @@ def test_kind_s_triton_pods_run_the_deployment_s_tritonserver_command() -> None:
     assert [variable.name for variable in triton.env or []] == ["TRITON_REPOSITORY_TOKEN"]
 
 
-def test_kind_s_triton_pods_take_their_models_and_grpc_age_as_tritonserver_flags() -> None:
+def test_e2e_triton_pods_take_their_models_and_grpc_age_as_tritonserver_flags() -> None:
     arguments = fleet.tritonserver_arguments(
         models=["gpu_sim", "other-1"], grpc_max_connection_age_ms=500, locked=False
     )
