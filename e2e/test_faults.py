@@ -21,7 +21,7 @@ from batchpilot import telemetry
 from batchpilot_harness import loadgen, local_prometheus
 from batchpilot_triton import endpoints
 from e2e import clients, fleet, operators, waiting
-from e2e.cluster import controlplane, podnetwork
+from e2e.cluster import controlplane, podnetwork, podsandboxes
 from e2e.kubes import Kube
 from e2e.operators import OperatorProcess
 
@@ -42,6 +42,11 @@ def failures(records: list[loadgen.RequestRecord]) -> list[str]:
 def target_states(kube: Kube, namespace: str) -> dict[str, str]:
     status = operators.policy_status(kube, namespace, "fleet")
     return {target["name"]: target["state"] for target in status.get("targetDetails") or []}
+
+
+def container_restarts(kube: Kube, namespace: str, pod: str) -> list[int]:
+    status = kube.core.read_namespaced_pod(pod, namespace).status
+    return [c.restart_count for c in (status.container_statuses if status else None) or []]
 
 
 def all_gates_open(kube: Kube, namespace: str, pods: dict[str, str]) -> Callable[[], bool]:
@@ -78,7 +83,6 @@ def test_a_pod_cut_off_mid_rollout_holds_up_nothing_is_reported_and_is_switched_
     ips = start_fleet(kube, namespace, start_operator, 3)
     victim = "triton-2"
     others = {pod: ip for pod, ip in ips.items() if pod != victim}
-    host = podnetwork.Host(ip=ips[victim])
     with clients.load_on_each(client_host, ips, rate=20) as loads:
         operators.apply_policy(kube, namespace, fleet.policy(**ONE_AT_A_TIME, override=INTERACTIVE))
         waiting.wait_for(
@@ -87,7 +91,7 @@ def test_a_pod_cut_off_mid_rollout_holds_up_nothing_is_reported_and_is_switched_
             timeout=40,
             interval=0.05,
         )
-        podnetwork.cut(host)
+        link = podsandboxes.cut(ips[victim])
         cut_at = time.monotonic()
         try:
             waiting.wait_for(
@@ -105,7 +109,7 @@ def test_a_pod_cut_off_mid_rollout_holds_up_nothing_is_reported_and_is_switched_
             reported_after = time.monotonic() - cut_at
             states = target_states(kube, namespace)
         finally:
-            podnetwork.restore(host, routes=controlplane.HOST_ROUTES)
+            podsandboxes.restore(link)
         restored_at = time.monotonic()
         waiting.wait_for(
             f"{victim} on interactive once back",
@@ -142,7 +146,6 @@ def test_triton_killed_in_the_middle_of_a_reload_comes_back_on_the_decided_profi
     namespace: str,
     start_operator: StartOperator,
     client_host: podnetwork.Host,
-    local_cluster: controlplane.Cluster,
 ) -> None:
     """Through a Service: the killed Pod was out of it, and the other stays in it until the
     killed one is back, so no client request fails."""
@@ -167,7 +170,7 @@ def test_triton_killed_in_the_middle_of_a_reload_comes_back_on_the_decided_profi
     victim = "triton-0"
 
     def loads_seen() -> int:
-        return fleet.pod_log(local_cluster, namespace, victim, "triton").count("loading: gpu_sim")
+        return fleet.pod_log(kube, namespace, victim, "triton").count("loading: gpu_sim")
 
     loads_before = loads_seen()
     load = clients.ClientProcess(
@@ -187,27 +190,39 @@ def test_triton_killed_in_the_middle_of_a_reload_comes_back_on_the_decided_profi
             timeout=40,
             interval=0.02,
         )
+        watch = fleet.ReadyAfterRestart(kube, namespace, victim, ips[victim], decided="interactive")
         os.kill(fleet.process_in_pod(ips[victim], "tritonserver"), signal.SIGKILL)
         killed_at = time.monotonic()
-        waiting.wait_for(
-            "interactive everywhere", fleet.everyone_serves(ips, "interactive"), timeout=150
-        )
-        back_after = time.monotonic() - killed_at
-        waiting.wait_for("every gate True", all_gates_open(kube, namespace, ips), timeout=30)
-        waiting.wait_for(
-            "both Pods behind the Service again",
-            lambda: fleet.ready_endpoints(kube, namespace, "triton") == set(ips.values()),
-            timeout=30,
-        )
-        time.sleep(2)
+        try:
+            waiting.wait_for(
+                "interactive everywhere", fleet.everyone_serves(ips, "interactive"), timeout=150
+            )
+            back_after = time.monotonic() - killed_at
+            waiting.wait_for("every gate True", all_gates_open(kube, namespace, ips), timeout=30)
+            waiting.wait_for(
+                "both Pods behind the Service again",
+                lambda: fleet.ready_endpoints(kube, namespace, "triton") == set(ips.values()),
+                timeout=30,
+            )
+            time.sleep(2)
+        finally:
+            watch.stop()
         records = load.stop()
     failed = failures(records)
+    reasons = operators.events(kube, namespace, "ContainerRestarted")
     print(
         f"\nTriton killed mid-reload: every Pod interactive {back_after:.1f} s later; "
-        f"{len(records)} requests through the Service, {len(failed)} failed"
+        f"{len(records)} requests through the Service, {len(failed)} failed; Ready after the "
+        f"restart in {watch.ready_samples} samples, on another profile in {len(watch.wrong)}; "
+        f"events {reasons}"
     )
     assert len(records) > 500
     assert failed == [], failed[:5]
+    # The kubelet restarted the container, and the Pod was Ready again only on the decided
+    # profile: the operator closed its gate before Triton's probe passed.
+    assert watch.restarted
+    assert watch.ready_samples > 0
+    assert watch.wrong == []
 
 
 @pytest.mark.timeout(300)
@@ -455,3 +470,80 @@ def test_the_leader_stopped_while_a_gate_is_false_leaves_the_follower_to_restore
     waiting.wait_for("every gate True", all_gates_open(kube, namespace, ips), timeout=30)
     print(f"\nthe leader stopped with {sorted(left) or 'no'} gate(s) False")
     assert "Resuming operations after the pause" in follower.log
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("component", ["kubelet", "containerd"])
+def test_the_node_s_kubelet_or_runtime_restarted_mid_rollout_fails_no_request(
+    kube: Kube,
+    namespace: str,
+    start_operator: StartOperator,
+    client_host: podnetwork.Host,
+    local_cluster: controlplane.Cluster,
+    component: str,
+) -> None:
+    """Through a Service, with a rollout under way: the node's kubelet (or its container
+    runtime) stops and starts again. The containers keep running (their shims outlive both),
+    so no request fails, no container restarts, and the rollout ends with every Pod on the
+    decided profile, Ready and behind the Service."""
+    ips = start_fleet(kube, namespace, start_operator, 3)
+    service_ip = fleet.create_service(kube, namespace, selector={"app": "triton"})
+    waiting.wait_for(
+        "every Pod behind the Service",
+        lambda: fleet.ready_endpoints(kube, namespace, "triton") == set(ips.values()),
+        timeout=20,
+    )
+    ready_url = f"http://{service_ip}:{endpoints.TRITON_HTTP_PORT}/v2/health/ready"
+    waiting.wait_for(
+        "kube-proxy routing the Service",
+        lambda: (
+            not any(
+                answer.startswith("error")
+                for answer in clients.probe(client_host, ready_url, count=4)
+            )
+        ),
+        timeout=30,
+    )
+    load = clients.ClientProcess(
+        client_host,
+        style="new-connection",
+        address=f"{service_ip}:{endpoints.TRITON_HTTP_PORT}",
+        rate=50,
+        seed=5,
+    )
+    with load:
+        load.start()
+        time.sleep(2)
+        operators.apply_policy(kube, namespace, fleet.policy(**ONE_AT_A_TIME, override=INTERACTIVE))
+        waiting.wait_for("the rollout under way", some_switched(ips, "interactive"), timeout=40)
+        away = controlplane.restart(local_cluster, component, down_seconds=2)
+        restarted_at = time.monotonic()
+        waiting.wait_for(
+            "interactive everywhere", fleet.everyone_serves(ips, "interactive"), timeout=120
+        )
+        done_after = time.monotonic() - restarted_at
+        waiting.wait_for("every gate True", all_gates_open(kube, namespace, ips), timeout=30)
+        waiting.wait_for(
+            "every Pod Ready",
+            lambda: all(
+                fleet.pod_condition(kube, namespace, pod, "Ready") == "True" for pod in ips
+            ),
+            timeout=30,
+        )
+        waiting.wait_for(
+            "every Pod behind the Service again",
+            lambda: fleet.ready_endpoints(kube, namespace, "triton") == set(ips.values()),
+            timeout=30,
+        )
+        time.sleep(2)
+        records = load.stop()
+    failed = failures(records)
+    restarts = {pod: container_restarts(kube, namespace, pod) for pod in ips}
+    print(
+        f"\n{component} restarted mid-rollout: away {away:.1f} s; every Pod interactive "
+        f"{done_after:.1f} s after it was back; {len(records)} requests through the Service, "
+        f"{len(failed)} failed; container restarts {restarts}"
+    )
+    assert len(records) > 500
+    assert failed == [], failed[:5]
+    assert all(counts == [0, 0] for counts in restarts.values()), restarts
