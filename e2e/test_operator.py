@@ -178,7 +178,9 @@ def test_load_rule_switches_under_a_burst_and_back_after_it(
     time.sleep(dwell)
     with timeline(kube, namespace) as seen:
         burst_started = time.monotonic()
-        summaries = asyncio.run(_burst(ips, rate_per_pod=150, seconds=12))
+        # Long enough for the rate window, `for` and a rollout under the burst on a busy
+        # machine: the rule must fire while the burst lasts.
+        summaries = asyncio.run(_burst(ips, rate_per_pod=150, seconds=20))
         burst_ended = time.monotonic()
         waiting.wait_for(
             "back to interactive",
@@ -202,18 +204,20 @@ def test_load_rule_switches_under_a_burst_and_back_after_it(
     assert sum(summary.failed for summary in summaries) == 0
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(150)
 def test_override_switches_at_once_and_expires_on_time(
     kube: Kube, namespace: str, start_operator: StartOperator
 ) -> None:
-    interval = 3.0
+    # A tick far longer than a reload, even on a loaded machine: what is timed below is
+    # whether the operator waited for one, not how fast Triton reloads.
+    interval = 20.0
     ips = fleet.start_tritons(kube, namespace, 2)
     start_operator(interval=interval)
     operators.apply_policy(kube, namespace, fleet.policy(minDwellSeconds=600))
     waiting.wait_for("bulk everywhere", fleet.everyone_serves(ips, "bulk"), timeout=30)
 
     until = datetime.datetime.now(datetime.UTC).replace(microsecond=0) + datetime.timedelta(
-        seconds=20
+        seconds=25
     )
     override = {
         "profile": "interactive",
@@ -225,7 +229,7 @@ def test_override_switches_at_once_and_expires_on_time(
     waiting.wait_for(
         "interactive at once", fleet.everyone_serves(ips, "interactive"), timeout=20, interval=0.05
     )
-    assert time.monotonic() - applied_at <= interval, "an override does not wait for a tick"
+    assert time.monotonic() - applied_at <= interval / 2, "an override does not wait for a tick"
     assert status_of(kube, namespace)["reason"].endswith("desk opens early")
 
     time.sleep(max((until - datetime.datetime.now(datetime.UTC)).total_seconds() - 1, 0))
@@ -234,7 +238,7 @@ def test_override_switches_at_once_and_expires_on_time(
     )
     expired_after = (datetime.datetime.now(datetime.UTC) - until).total_seconds()
     print(f"\nback to bulk {expired_after:.2f}s after the override expired")
-    assert expired_after <= interval
+    assert expired_after <= interval / 2, "the expiry waited for a tick"
 
 
 @pytest.mark.timeout(120)
@@ -267,7 +271,7 @@ def test_dry_run_decides_and_reports_but_changes_no_server(
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.usefixtures("local_cluster")  # kills the pod runner's tritonserver process
+@pytest.mark.usefixtures("local_cluster")  # kills the tritonserver process on the real node
 def test_restarted_triton_behind_a_pod_is_reapplied(
     kube: Kube, namespace: str, start_operator: StartOperator
 ) -> None:
@@ -277,11 +281,11 @@ def test_restarted_triton_behind_a_pod_is_reapplied(
     waiting.wait_for("bulk everywhere", fleet.everyone_serves(ips, "bulk"), timeout=30)
 
     victim = ips["triton-0"]
-    # The tritonserver itself dies, as a crash would; the pod runner starts it again.
+    # The tritonserver itself dies, as a crash would; the kubelet starts its container again.
     os.kill(fleet.process_in_pod(victim, "tritonserver"), signal.SIGKILL)
     waiting.wait_for("the server gone", lambda: not fleet.triton_ready(victim), timeout=15)
-    # The pod runner starts Triton again with its repository configuration; the operator
-    # must notice and bring it back to bulk.
+    # Triton comes back with its repository configuration; the operator must notice and bring
+    # it back to bulk.
     waiting.wait_for("Triton back", lambda: fleet.triton_ready(victim), timeout=60)
     waiting.wait_for("bulk re-applied", fleet.everyone_serves(ips, "bulk"), timeout=30)
 
