@@ -93,9 +93,10 @@ llm-env: venv
 # The benchmarks with their full figures, one after another (about 80 minutes on 2 cores: the policy
 # day is about 32 minutes, the chaos soak 30); figures, JSON, Markdown and plots go to .bench/.
 # The cluster benchmarks use this checkout's local control plane, starting one if none is up.
-bench: venv deps k8s-bins llm-env
+bench: venv deps k8s-bins llm-env images
 	$(PY) tests/benchmarks/bench_sidecar.py
 	$(PY) tests/benchmarks/bench_policy.py
+	$(PY) tests/benchmarks/bench_drain.py
 	$(PY) tests/benchmarks/bench_switch.py
 	$(PY) tests/benchmarks/bench_scale.py
 	$(PY) tests/benchmarks/bench_boundary.py
@@ -103,7 +104,7 @@ bench: venv deps k8s-bins llm-env
 	$(PY) tests/benchmarks/bench_llm.py
 
 # Their short modes, as CI runs them: figures printed, nothing about speed asserted.
-bench-short: venv deps k8s-bins llm-env
+bench-short: venv deps k8s-bins llm-env images
 	$(PY) -m pytest tests/benchmarks -m benchmark -s
 
 # On a machine with an NVIDIA GPU (not part of `make test`): tritonserver serving torch_mlp on CUDA,

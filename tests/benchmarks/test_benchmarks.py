@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import bench_boundary
 import bench_chaos
+import bench_drain
 import bench_llm
 import bench_policy
 import bench_scale
@@ -17,6 +18,7 @@ import pytest
 
 Main = Callable[[Sequence[str] | None], int]
 ON_A_CLUSTER: tuple[Main, ...] = (
+    bench_drain.main,
     bench_switch.main,
     bench_scale.main,
     bench_boundary.main,
@@ -55,6 +57,12 @@ def one_local_cluster() -> Iterator[None]:
             "10 models tracked, 10 fitted",
             id="sidecar",
             marks=pytest.mark.timeout(180),
+        ),
+        pytest.param(
+            bench_drain.main,
+            "created -> Ready (Triton's readiness probe)",
+            id="drain",
+            marks=pytest.mark.timeout(300),
         ),
         pytest.param(
             bench_switch.main,
