@@ -473,6 +473,16 @@ def prepare(node: Node, *, routes: Sequence[str]) -> None:
 # -- images
 
 
+def has_image(node: Node, *, ctr: Path, reference: str) -> bool:
+    """Whether the CRI's namespace holds the image `reference`."""
+    argv = [str(ctr), "--address", str(node.containerd_socket), "--namespace", "k8s.io",
+            "images", "list", "--quiet", f"name=={reference}"]  # fmt: skip
+    completed = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    if completed.returncode != 0:
+        raise NodeError(f"listing images: {completed.stderr.strip()[-1000:]}")
+    return reference in completed.stdout.split()
+
+
 def import_image(node: Node, *, ctr: Path, archive: Path, timeout: float = 300.0) -> None:
     """Import an OCI archive into the CRI's namespace, unpacked for its snapshotter."""
     argv = [str(ctr), "--address", str(node.containerd_socket), "--namespace", "k8s.io",
