@@ -375,3 +375,13 @@ def test_e2e_triton_pods_take_their_models_and_grpc_age_as_tritonserver_flags() 
     assert "--load-model=other-1" in arguments
     assert "--grpc-max-connection-age=500" in arguments
     assert not any("restricted" in argument for argument in arguments)
+
+
+def test_the_repository_s_tags_ignore_what_building_its_packages_leaves_behind() -> None:
+    """`pip wheel ./sidecar` (a test does it) leaves sidecar/build and an egg-info: the image
+    built before must still be the current one."""
+    ignore = images.ignore_patterns(locations.REPO_ROOT)
+    for left in ("sidecar/build/lib/batchpilot_sidecar/app.py", "sidecar/dist/x.whl",
+                 "sidecar/batchpilot_sidecar.egg-info/PKG-INFO"):  # fmt: skip
+        assert images.ignored(Path(left), ignore), left
+    assert not images.ignored(Path("sidecar/batchpilot_sidecar/app.py"), ignore)
