@@ -197,7 +197,7 @@ def test_a_crashed_node_is_cleaned_from_its_names_alone(
 ) -> None:
     node = crashed_node.node
     name = namespaces.unique("e2e-node-crash")
-    with namespaces.created(kube, name, label="batchpilot.dev/e2e", release_timeout=30):
+    with namespaces.created(kube, name, label="batchpilot.dev/e2e"):
         kube.core.create_namespaced_pod(name, web_pod("web", node_image))
         ip = waiting.wait_for("the Pod Running", lambda: pod_ip(kube, name, "web"), timeout=90)
         waiting.wait_for("it serves", lambda: fleet.answers(f"http://{ip}:{PORT}/"))

@@ -627,7 +627,6 @@ def namespace(kube: Kube, prefix: str) -> Iterator[str]:
         namespaces.unique(prefix),
         label="batchpilot.dev/bench",
         ready_timeout=60,
-        release_timeout=120,
     ) as name:
         yield name
 
