@@ -9,8 +9,8 @@ does before a reload, and from that moment polls, each in its own thread every 2
 
 - the Pod's `Ready` condition, which the kubelet computes from its containers and the gate;
 - the Service's EndpointSlice, which kube-controller-manager writes from `Ready`;
-- kube-proxy's nftables rules (`nft list table ip kube-proxy`): the Pod's endpoint chain gone
-  from the Service's chain, after which no new connection is sent to it;
+- kube-proxy's nftables rules (`nft list table ip kube-proxy`): the Pod's address gone from the
+  Service chain's DNAT map, after which no new connection is sent to it;
 
 then asks through the Service, from a client network namespace, for 20 new connections: none
 may reach the drained Pod. Then it starts Triton + sidecar Pods (`e2e.fleet`, this checkout's
@@ -90,7 +90,9 @@ def service_chain(namespace: str, service: str) -> str:
 
 
 def routed_by_kube_proxy(namespace: str, ip: str) -> bool:
-    return f"__{ip}/" in service_chain(namespace, SERVICE)
+    """Whether the Service's chain sends new connections to `ip` (`dnat ... map { 0 : ip . port }`,
+    kube-proxy 1.36's nftables mode)."""
+    return f" {ip} . " in service_chain(namespace, SERVICE)
 
 
 def first_time(
