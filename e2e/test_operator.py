@@ -70,9 +70,12 @@ def test_schedule_window_is_in_force_on_every_target_when_it_opens(
     kube: Kube, namespace: str, start_operator: StartOperator
 ) -> None:
     """With a lead time (auto) every target serves the window's profile at its start; without
-    one (0s) within one interval after it. Two fleets, one policy each, one operator: they
-    share the wait for a minute boundary."""
+    one (0s) within one interval and a wave of reloads after it. Two fleets, one policy each,
+    one operator: they share the wait for a minute boundary."""
     interval = 3.0
+    # One wave of reloads (both replicas at once): 1.7-1.9 s in a container on an idle 2-core
+    # machine, more beside a busy core; what the operator controls is when the wave starts.
+    wave_allowance = 5.0
     fleets = {
         lead_time: fleet.start_tritons(kube, namespace, 2, labels={"app": app}, prefix=app)
         for lead_time, app in FLEET_OF_LEAD.items()
@@ -111,7 +114,7 @@ def test_schedule_window_is_in_force_on_every_target_when_it_opens(
             f"\nleadTime {lead_time}: every target served interactive "
             f"{switched_after:.2f}s after the window opened"
         )
-        assert switched_after <= (0 if lead_time == "auto" else interval)
+        assert switched_after <= (0 if lead_time == "auto" else interval + wave_allowance)
 
     listed = kube.kubectl_run("get", "bp", "-n", namespace).stdout.splitlines()
     switches = operators.events(kube, namespace, "ProfileSwitched")
