@@ -63,6 +63,30 @@ def some_switched(ips: dict[str, str], profile: str) -> Callable[[], bool]:
     return check
 
 
+def behind_a_service(
+    kube: Kube, namespace: str, ips: dict[str, str], client_host: podnetwork.Host
+) -> str:
+    """A Service over the fleet, every Pod in its endpoints and kube-proxy routing it; its IP."""
+    service_ip = fleet.create_service(kube, namespace, selector={"app": "triton"})
+    waiting.wait_for(
+        "every Pod behind the Service",
+        lambda: fleet.ready_endpoints(kube, namespace, "triton") == set(ips.values()),
+        timeout=20,
+    )
+    ready_url = f"http://{service_ip}:{endpoints.TRITON_HTTP_PORT}/v2/health/ready"
+    waiting.wait_for(
+        "kube-proxy routing the Service",
+        lambda: (
+            not any(
+                answer.startswith("error")
+                for answer in clients.probe(client_host, ready_url, count=4)
+            )
+        ),
+        timeout=30,
+    )
+    return service_ip
+
+
 def start_fleet(
     kube: Kube, namespace: str, start_operator: StartOperator, count: int
 ) -> dict[str, str]:
@@ -150,23 +174,7 @@ def test_triton_killed_in_the_middle_of_a_reload_comes_back_on_the_decided_profi
     """Through a Service: the killed Pod was out of it, and the other stays in it until the
     killed one is back, so no client request fails."""
     ips = start_fleet(kube, namespace, start_operator, 2)
-    service_ip = fleet.create_service(kube, namespace, selector={"app": "triton"})
-    waiting.wait_for(
-        "both Pods behind the Service",
-        lambda: fleet.ready_endpoints(kube, namespace, "triton") == set(ips.values()),
-        timeout=20,
-    )
-    ready_url = f"http://{service_ip}:{endpoints.TRITON_HTTP_PORT}/v2/health/ready"
-    waiting.wait_for(
-        "kube-proxy routing the Service",
-        lambda: (
-            not any(
-                answer.startswith("error")
-                for answer in clients.probe(client_host, ready_url, count=4)
-            )
-        ),
-        timeout=30,
-    )
+    service_ip = behind_a_service(kube, namespace, ips, client_host)
     victim = "triton-0"
 
     def loads_seen() -> int:
@@ -487,23 +495,7 @@ def test_the_node_s_kubelet_or_runtime_restarted_mid_rollout_fails_no_request(
     so no request fails, no container restarts, and the rollout ends with every Pod on the
     decided profile, Ready and behind the Service."""
     ips = start_fleet(kube, namespace, start_operator, 3)
-    service_ip = fleet.create_service(kube, namespace, selector={"app": "triton"})
-    waiting.wait_for(
-        "every Pod behind the Service",
-        lambda: fleet.ready_endpoints(kube, namespace, "triton") == set(ips.values()),
-        timeout=20,
-    )
-    ready_url = f"http://{service_ip}:{endpoints.TRITON_HTTP_PORT}/v2/health/ready"
-    waiting.wait_for(
-        "kube-proxy routing the Service",
-        lambda: (
-            not any(
-                answer.startswith("error")
-                for answer in clients.probe(client_host, ready_url, count=4)
-            )
-        ),
-        timeout=30,
-    )
+    service_ip = behind_a_service(kube, namespace, ips, client_host)
     load = clients.ClientProcess(
         client_host,
         style="new-connection",

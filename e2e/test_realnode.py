@@ -13,10 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kubernetes import client
 
 from batchpilot.kube import pods
-from e2e import clients, fleet, namespaces, nodeimages, waiting
+from e2e import clients, fleet, namespaces, nodeimages, waiting, webpods
 from e2e.cluster import building, controlplane, podnetwork, processes, realnodes
 from e2e.kubes import Kube
 from e2e.webpods import PORT, web_pod
@@ -91,16 +90,7 @@ def test_a_pod_on_the_real_node_serves_from_its_cni_ip_and_is_ready_only_with_it
     assert kube.local is not None
     assert http_get(f"http://{ip}:{PORT}/api-version") == kube.local.kubernetes_version
 
-    service = client.V1Service(
-        metadata=client.V1ObjectMeta(name="web"),
-        spec=client.V1ServiceSpec(
-            selector={"app": "web"},
-            ports=[client.V1ServicePort(port=80, target_port=PORT, protocol="TCP")],
-        ),
-    )
-    created_service = kube.core.create_namespaced_service(namespace, service)
-    assert created_service.spec is not None
-    service_ip = str(created_service.spec.cluster_ip)
+    service_ip = webpods.create_service(kube, namespace)
     waiting.wait_for(
         "the Pod behind the Service",
         lambda: fleet.ready_endpoints(kube, namespace, "web") == {ip},
@@ -130,16 +120,7 @@ def test_service_routes_new_connections_to_ready_pods_only_and_follows_the_gate(
         )
 
     waiting.wait_for("both Pods serving", serving, timeout=90)
-    service = client.V1Service(
-        metadata=client.V1ObjectMeta(name="web"),
-        spec=client.V1ServiceSpec(
-            selector={"app": "web"},
-            ports=[client.V1ServicePort(port=80, target_port=PORT, protocol="TCP")],
-        ),
-    )
-    created = kube.core.create_namespaced_service(namespace, service)
-    assert created.spec is not None
-    url = f"http://{created.spec.cluster_ip}/"
+    url = f"http://{webpods.create_service(kube, namespace)}/"
 
     def answered_by(*expected: str, count: int = 12) -> bool:
         return set(clients.probe(client_host, url, count=count)) == set(expected)

@@ -5,6 +5,7 @@ benchmarks of what the kubelet, the Service and kube-proxy do with a Pod."""
 from kubernetes import client
 
 from e2e.cluster import realnodes
+from e2e.kubes import Kube
 
 PORT = 8000
 SERVER = """\
@@ -88,3 +89,17 @@ def web_pod(name: str, image: str, *, gates: tuple[str, ...] = ()) -> client.V1P
             termination_grace_period_seconds=2,
         ),
     )
+
+
+def create_service(kube: Kube, namespace: str, name: str = "web") -> str:
+    """A ClusterIP Service, port `http` 80, over the web Pods; its cluster IP."""
+    service = client.V1Service(
+        metadata=client.V1ObjectMeta(name=name),
+        spec=client.V1ServiceSpec(
+            selector={"app": "web"},
+            ports=[client.V1ServicePort(name="http", port=80, target_port=PORT, protocol="TCP")],
+        ),
+    )
+    created = kube.core.create_namespaced_service(namespace, service)
+    assert created.spec is not None
+    return str(created.spec.cluster_ip)

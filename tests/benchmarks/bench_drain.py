@@ -159,16 +159,7 @@ def start_web_pods(kube: Kube, namespace: str) -> dict[str, str]:
         kube.core.create_namespaced_pod(
             namespace, webpods.web_pod(pod, image.reference, gates=(pods.GATE,))
         )
-    kube.core.create_namespaced_service(
-        namespace,
-        client.V1Service(
-            metadata=client.V1ObjectMeta(name=SERVICE),
-            spec=client.V1ServiceSpec(
-                selector={"app": "web"},
-                ports=[client.V1ServicePort(name="http", port=80, target_port=webpods.PORT)],
-            ),
-        ),
-    )
+    webpods.create_service(kube, namespace, SERVICE)
 
     def serving() -> bool:
         return all(
