@@ -71,12 +71,22 @@ def governors_by_namespace(
     return {namespace: (name, created, dict(spec.get("target", {}).get("selector", {})))}
 
 
+@kopf.index("", "v1", "pods")
+def pods_by_namespace(
+    *, namespace: str | None, body: kopf.Body, **_: Any
+) -> dict[str | None, dict[str, Any]]:
+    """Every watched Pod, trimmed to what batchpilot reads: each pass finds its policy's
+    replicas here instead of listing them from the API."""
+    return {namespace: operating.pod_snapshot(body)}
+
+
 @kopf.on.delete(GROUP, VERSION, PLURAL, id="release-pods")
 async def release_pods(
-    *, namespace: str | None, name: str, spec: kopf.Spec, memo: Any, **_: Any
+    *, namespace: str | None, name: str, spec: kopf.Spec, memo: Any, **indices: Any
 ) -> None:
     """Gates the deleted policy left False open: its Pods go back into their Services."""
     assert namespace is not None
+    controller_of(memo).attach_pods(indices["pods_by_namespace"])
     await controller_of(memo).policy_deleted(namespace=namespace, name=name, spec=dict(spec))
 
 
@@ -94,6 +104,7 @@ async def reconcile(
 ) -> None:
     assert namespace is not None  # BatchPolicy is namespaced
     governors: kopf.Index[str | None, operating.GovernorEntry] = indices["governors_by_namespace"]
+    controller_of(memo).attach_pods(indices["pods_by_namespace"])
     await controller_of(memo).follow(
         namespace=namespace, name=name, body=body, stopped=stopped, governors=governors
     )

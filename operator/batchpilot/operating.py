@@ -126,6 +126,13 @@ class Controller:
     """Per policy whose loop runs, an event set when it has stopped."""
     governors_index: Mapping[str | None, Iterable[GovernorEntry]] | None = None
     """kopf's index of every policy by namespace (`handlers.governors_by_namespace`), live."""
+    pods: kube_pods.Pods | None = None
+    """The reader of every policy's Pods, fed by kopf's index of Pods (`attach_pods`)."""
+
+    def attach_pods(self, index: kube_pods.PodIndex) -> None:
+        """Hand kopf's live index of Pods to the reader; kopf fills it before any handler."""
+        if self.pods is not None:
+            self.pods.index = index
 
     def governors(self, namespace: str) -> list[governing.Governor]:
         """Every policy of the namespace, for deciding which one governs a Pod."""
@@ -237,8 +244,9 @@ class Controller:
             try:
                 await self.policies.patch_status(namespace, name, outcome.status)
                 left = merge_patch(status, outcome.status)
-            except kubernetes.client.ApiException as error:
-                logger.warning("%s/%s: status not written: %s", namespace, name, error.reason)
+            except (kubernetes.client.ApiException, TimeoutError) as error:
+                reason = getattr(error, "reason", None) or "no answer in time"
+                logger.warning("%s/%s: status not written: %s", namespace, name, reason)
                 left = None  # read it from the body again
         delay = self.options.interval
         if outcome.wake_at is not None:
@@ -305,8 +313,13 @@ def _changed(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
 
 
 def selects(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    """Label-selector semantics, for deciding whom to poke (the API does the real selection)."""
+    """Label-selector semantics, for deciding whom a Pod's change concerns."""
     return governing.selects(selector, labels)
+
+
+def pod_snapshot(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """A Pod as the index of Pods keeps it."""
+    return kube_pods.snapshot(pod)
 
 
 def triton_fleet() -> fleets.TritonFleet:
@@ -330,7 +343,11 @@ def build_controller(options: Options) -> Controller:
         credential_source=secret_credentials.SecretCredentials(api),
     )
     controller = Controller(
-        options=options, reconciler=reconciler, policies=policies.Policies(api), metrics=metrics
+        options=options,
+        reconciler=reconciler,
+        policies=policies.Policies(api),
+        metrics=metrics,
+        pods=pods,
     )
     reconciler.governors = controller.governors
     return controller

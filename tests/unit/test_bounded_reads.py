@@ -238,26 +238,16 @@ async def test_no_prometheus_query_outlives_a_read_the_tick_gave_up_on(
 # --- Isolation (finding 2) -------------------------------------------------------------------
 
 
-def kubernetes_api(url: str) -> kubernetes.client.ApiClient:
-    configuration = kubernetes.client.Configuration()
-    configuration.host = url
-    return kubernetes.client.ApiClient(configuration)
-
-
-def fake_api_server() -> web.Application:
-    """The one API call a tick starts with: list the policy's Pods."""
-
-    async def pods(request: web.Request) -> web.Response:
-        pod = {
-            "metadata": {"name": "triton-b", "namespace": request.match_info["namespace"]},
-            "spec": {"containers": [{"name": "triton", "ports": []}]},
-            "status": {"phase": "Running", "podIP": "127.0.0.1"},
-        }
-        return web.json_response({"kind": "PodList", "items": [pod]})
-
-    app = web.Application()
-    app.router.add_get("/api/v1/namespaces/{namespace}/pods", pods)
-    return app
+def pods_of_tenant_b() -> kube_pods.Pods:
+    """Tenant B's Pods as a tick finds them: in the operator's watch-fed index."""
+    reader = kube_pods.Pods(kubernetes.client.ApiClient())
+    pod = {
+        "metadata": {"name": "triton-b", "labels": {"app": "triton"}},
+        "spec": {"containers": [{"name": "triton", "ports": []}]},
+        "status": {"phase": "Running", "podIP": "127.0.0.1"},
+    }
+    reader.index = {"tenant-b": [kube_pods.snapshot(pod)]}
+    return reader
 
 
 def healthy_prometheus(value: float) -> web.Application:
@@ -282,7 +272,7 @@ async def test_a_trickling_prometheus_of_one_policy_holds_nothing_another_policy
     )
     hostile = Hostile()
     trickling = await serve_app(hostile_app(hostile, "/api/v1/query", "trickle"))
-    api = kubernetes_api(await serve_app(fake_api_server()))
+    tenant_b_pods = pods_of_tenant_b()
     policy_a = prometheus_source(trickling, timeout=45.0)
     policy_b = prometheus.PrometheusSource(
         await serve_app(healthy_prometheus(120.0)),
@@ -298,7 +288,7 @@ async def test_a_trickling_prometheus_of_one_policy_holds_nothing_another_policy
             {"selector": {"matchLabels": {"app": "triton"}}, "models": ["gpu_sim"]}
         )
         b_pods, b_reading = await asyncio.wait_for(
-            asyncio.gather(kube_pods.Pods(api).replicas("tenant-b", target), policy_b.read()),
+            asyncio.gather(tenant_b_pods.replicas("tenant-b", target), policy_b.read()),
             timeout=30,
         )
         a_still_hanging = not any(read.done() for read in a_reads) and hostile.trickling >= 4
@@ -308,7 +298,6 @@ async def test_a_trickling_prometheus_of_one_policy_holds_nothing_another_policy
         await asyncio.gather(*a_reads, return_exceptions=True)
         await policy_a.close()
         await policy_b.close()
-        api.close()
     assert a_still_hanging, "B was served while A's reads were still hanging"
     assert [replica.name for replica in b_pods[0]] == ["triton-b"]
     assert b_reading.problems == ()

@@ -8,12 +8,14 @@ import datetime
 from typing import Any
 
 import kopf
+import kubernetes.client
 import operator_fakes
 import pytest
 
 from batchpilot import handlers, operating, reconciling, reporting, telemetry
 from batchpilot.applying import fleets
 from batchpilot.applying.replicas import Replica
+from batchpilot.kube import pods as kube_pods
 from batchpilot.policy import governing, specs
 from batchpilot.signals import prometheus, sidecars, sources
 from batchpilot_harness import local_triton
@@ -346,6 +348,29 @@ def test_the_governors_index_keeps_each_policy_s_name_creation_time_and_selector
         namespace="ns", name="desk", spec=body.spec, meta=body.metadata
     )
     assert entry == {"ns": ("desk", "2026-01-01T00:00:00Z", {"matchLabels": {"app": "triton"}})}
+
+
+def test_the_pods_index_keeps_each_pod_trimmed_under_its_namespace() -> None:
+    body = kopf.Body(
+        {
+            "metadata": {"name": "triton-0", "namespace": "ns", "labels": {"app": "triton"},
+                         "managedFields": [{"manager": "kubelet"}]},
+            "spec": {"containers": [{"name": "triton", "image": "triton", "ports": []}]},
+            "status": {"phase": "Running", "podIP": "10.88.0.7", "hostIP": "10.0.0.1"},
+        }
+    )  # fmt: skip
+    (entry,) = handlers.pods_by_namespace(namespace="ns", body=body).items()
+    assert entry[0] == "ns"
+    assert entry[1]["metadata"] == {"name": "triton-0", "labels": {"app": "triton"}}
+    assert entry[1]["status"] == {"phase": "Running", "podIP": "10.88.0.7"}
+
+
+def test_the_handlers_hand_kopf_s_index_of_pods_to_the_reader_of_replicas() -> None:
+    reader = kube_pods.Pods(kubernetes.client.ApiClient())
+    subject = dataclasses.replace(controller(ScriptedReconciler(), Recorder()), pods=reader)
+    index: dict[str | None, list[dict[str, Any]]] = {"ns": []}
+    subject.attach_pods(index)
+    assert reader.index is index
 
 
 @pytest.mark.looptime

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
+
+import kubernetes.client
+import pytest
 
 from batchpilot.applying.replicas import ServingContainer
 from batchpilot.kube import pods
@@ -68,17 +72,63 @@ def test_the_gate_is_read_from_the_pod() -> None:
     assert found.title == "pod g"
 
 
-def test_selector_string_speaks_the_api_query_syntax() -> None:
-    selector = specs.LabelSelector.model_validate(
+def test_the_index_keeps_what_batchpilot_reads_of_a_pod_and_drops_the_rest() -> None:
+    full = triton_and_sidecar(
+        {"name": "triton", "containerID": "containerd://t1", "state": {"running": {}},
+         "image": "triton:24.08", "lastState": {}},
+    )  # fmt: skip
+    full["metadata"].update(labels={"app": "triton"}, managedFields=[{"manager": "kubelet"}])
+    full["spec"]["containers"][0].update(image="triton:24.08", env=[{"name": "A", "value": "b"}])
+    full["spec"]["volumes"] = [{"name": "models", "emptyDir": {}}]
+    full["status"]["hostIP"] = "10.0.0.1"
+    kept = pods.snapshot(full)
+    assert kept["metadata"] == {"name": "g", "uid": "uid-g", "labels": {"app": "triton"}}
+    assert kept["spec"]["containers"][0] == {
+        "name": "triton",
+        "ports": full["spec"]["containers"][0]["ports"],
+    }
+    assert "volumes" not in kept["spec"]
+    assert "hostIP" not in kept["status"]
+    # Everything a replica is made of survives the trim.
+    assert pods.replicas_from_pods([kept], target_spec(port="http")) == pods.replicas_from_pods(
+        [full], target_spec(port="http")
+    )
+
+
+def labelled(name: str, **labels: str) -> dict[str, Any]:
+    return pods.snapshot(pod(name, metadata={"labels": labels}))
+
+
+def test_a_policy_s_replicas_are_the_indexed_pods_of_its_namespace_its_selector_matches() -> None:
+    reader = pods.Pods(kubernetes.client.ApiClient())
+    reader.index = {
+        "desk": [
+            labelled("a", app="triton", zone="a"),
+            labelled("b", app="triton", zone="c"),
+            labelled("c", app="triton", zone="b", canary="yes"),
+            labelled("web", app="web", zone="a"),
+        ],
+        "other": [labelled("elsewhere", app="triton", zone="a")],
+    }
+    target = specs.Target.model_validate(
         {
-            "matchLabels": {"app": "triton", "tier": "gpu"},
-            "matchExpressions": [
-                {"key": "zone", "operator": "In", "values": ["a", "b"]},
-                {"key": "canary", "operator": "DoesNotExist"},
-            ],
+            "selector": {
+                "matchLabels": {"app": "triton"},
+                "matchExpressions": [
+                    {"key": "zone", "operator": "In", "values": ["a", "b"]},
+                    {"key": "canary", "operator": "DoesNotExist"},
+                ],
+            }
         }
     )
-    assert pods.selector_string(selector) == "app=triton,tier=gpu,zone in (a,b),!canary"
+    found, _ = asyncio.run(reader.replicas("desk", target))
+    assert [replica.name for replica in found] == ["a"]
+    assert asyncio.run(reader.replicas("empty", target)) == ([], [])
+
+
+def test_without_the_index_a_pass_fails_instead_of_finding_no_replicas() -> None:
+    with pytest.raises(RuntimeError, match="index is not filled"):
+        asyncio.run(pods.Pods(kubernetes.client.ApiClient()).replicas("desk", target_spec()))
 
 
 def triton_and_sidecar(*statuses: dict[str, Any]) -> dict[str, Any]:

@@ -9,39 +9,65 @@ Pod is not Ready, so Services stop sending it requests.
 Each replica also carries which run of the container serving Triton its Pod reports (the
 runtime's container ID): when that changes while the gate is open, Triton restarted with its
 repository's configuration (see `rollouts.mark_restarted`).
+
+The Pods are read from memory, not from the API: kopf watches every Pod the operator serves and
+keeps a trimmed copy of each in an index (`handlers.pods_by_namespace`, filled before any policy's
+loop starts), so a pass costs no request however many policies there are. Only the gate is
+written through the API.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime
-import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import kubernetes.client
 
 from batchpilot.applying.replicas import Replica, ServingContainer
-from batchpilot.policy import specs
+from batchpilot.policy import governing, specs
 
 GATE = "batchpilot.dev/config-applied"
 STRATEGIC_MERGE = "application/strategic-merge-patch+json"
 
 
-def selector_string(selector: specs.LabelSelector) -> str:
-    """A label selector in the API's query syntax."""
-    terms = [f"{key}={value}" for key, value in sorted(selector.match_labels.items())]
-    for requirement in selector.match_expressions:
-        values = ",".join(requirement.values)
-        terms.append(
-            {
-                "In": f"{requirement.key} in ({values})",
-                "NotIn": f"{requirement.key} notin ({values})",
-                "Exists": requirement.key,
-                "DoesNotExist": f"!{requirement.key}",
-            }[requirement.operator]
-        )
-    return ",".join(terms)
+PodIndex = Mapping[str | None, Iterable[Mapping[str, Any]]]
+"""Every Pod the operator watches, by namespace, as `snapshot` keeps it (kopf's live index)."""
+
+
+def snapshot(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """What batchpilot reads of a Pod, and nothing else: the index holds thousands of them."""
+    metadata, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
+    return {
+        "metadata": {
+            key: metadata[key]
+            for key in ("name", "uid", "labels", "deletionTimestamp")
+            if metadata.get(key) is not None
+        },
+        "spec": {
+            "containers": [
+                {"name": container.get("name"), "ports": container.get("ports") or []}
+                for container in spec.get("containers") or []
+            ],
+            "readinessGates": spec.get("readinessGates") or [],
+        },
+        "status": {
+            key: status[key]
+            for key in ("phase", "podIP", "conditions", "containerStatuses")
+            if status.get(key) is not None
+        },
+    }
+
+
+def selected(pods: Iterable[Mapping[str, Any]], selector: specs.LabelSelector) -> list[Any]:
+    """The Pods whose labels the selector matches, as the API's label selection would."""
+    wanted = selector.model_dump(by_alias=True)
+    return [
+        pod
+        for pod in pods
+        if governing.selects(wanted, (pod.get("metadata") or {}).get("labels") or {})
+    ]
 
 
 def _port(pod: Mapping[str, Any], reference: int | str | None) -> int | None:
@@ -128,25 +154,23 @@ def replicas_from_pods(
 
 
 class Pods:
-    """Reads a policy's Pods and writes their gate condition, through the Kubernetes API."""
+    """Reads a policy's Pods from the watch-fed index and writes their gate condition through
+    the Kubernetes API."""
 
     def __init__(self, api: kubernetes.client.ApiClient, *, timeout: float = 10.0) -> None:
         self._core = kubernetes.client.CoreV1Api(api)
         self._timeout = timeout
+        self.index: PodIndex | None = None
+        """kopf's index of every watched Pod (`handlers.pods_by_namespace`), live; the handlers
+        hand it over before the first pass."""
 
     async def replicas(
         self, namespace: str, target: specs.Target
     ) -> tuple[list[Replica], list[str]]:
-        # Raw JSON: the Pods are read as the API writes them, not as the client's models.
-        response: Any = await asyncio.to_thread(
-            self._core.list_namespaced_pod,
-            namespace,
-            label_selector=selector_string(target.selector),
-            _preload_content=False,
-            _request_timeout=self._timeout,
-        )
-        pods = json.loads(response.data)["items"]
-        return replicas_from_pods(pods, target)
+        if self.index is None:
+            raise RuntimeError("the Pod index is not filled yet: no handler has handed it over")
+        in_namespace = self.index.get(namespace) or ()
+        return replicas_from_pods(selected(in_namespace, target.selector), target)
 
     async def set_gate(
         self, namespace: str, pod: str, *, applied: bool, reason: str, message: str
@@ -161,11 +185,13 @@ class Pods:
                 "%Y-%m-%dT%H:%M:%SZ"
             ),
         }
-        await asyncio.to_thread(
-            self._core.patch_namespaced_pod_status,
-            pod,
-            namespace,
-            {"status": {"conditions": [condition]}},
-            _content_type=STRATEGIC_MERGE,
-            _request_timeout=self._timeout,
-        )
+        # The client's timeout bounds each socket read, not the call: this bounds the call.
+        async with asyncio.timeout(self._timeout * 2):
+            await asyncio.to_thread(
+                self._core.patch_namespaced_pod_status,
+                pod,
+                namespace,
+                {"status": {"conditions": [condition]}},
+                _content_type=STRATEGIC_MERGE,
+                _request_timeout=self._timeout,
+            )

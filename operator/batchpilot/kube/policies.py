@@ -20,14 +20,16 @@ class Policies:
 
     async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         """Replace the status fields given (a merge patch: lists are written whole)."""
-        await asyncio.to_thread(
-            self._custom.patch_namespaced_custom_object_status,
-            documents.GROUP,
-            documents.VERSION,
-            namespace,
-            crds.PLURAL,
-            name,
-            {"status": status},
-            _content_type=MERGE,
-            _request_timeout=self._timeout,
-        )
+        # The client's timeout bounds each socket read, not the call: this bounds the call.
+        async with asyncio.timeout(self._timeout * 2):
+            await asyncio.to_thread(
+                self._custom.patch_namespaced_custom_object_status,
+                documents.GROUP,
+                documents.VERSION,
+                namespace,
+                crds.PLURAL,
+                name,
+                {"status": status},
+                _content_type=MERGE,
+                _request_timeout=self._timeout,
+            )

@@ -31,8 +31,8 @@ class Governor:
 
 
 def selects(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    """Label-selector semantics (the API does the selection itself; this says whom a Pod's
-    labels concern): an empty selector selects every Pod."""
+    """Label-selector semantics, as the API's own label selection: an empty selector selects
+    every Pod."""
     for key, value in (selector.get("matchLabels") or {}).items():
         if labels.get(key) != value:
             return False
