@@ -60,6 +60,24 @@ def timeline(kube: Kube, namespace: str, name: str = "fleet") -> Iterator[list[t
         watcher.join(timeout=5)
 
 
+def lateness_the_lead_cannot_cover(kube: Kube, namespace: str, lead: float) -> float:
+    """How late after the boundary the auto lead's fleet may serve: not at all, unless this
+    rollout's wave (the status measures it) took longer than the lead allowed for. The lead
+    is computed from the waves measured before, and a busy machine can double a reload
+    (1.7-1.9 s idle, 7.7 s seen beside a busy core); what the operator controls is that the
+    rollout starts at plannedRolloutStart, within one pass's observation of the fleet."""
+
+    def after_the_rollout() -> dict[str, Any] | None:
+        status = status_of(kube, namespace, "lead-auto")
+        return status if status.get("activeProfile") == "interactive" else None
+
+    status = waiting.wait_for("lead-auto's status after its rollout", after_the_rollout, timeout=30)
+    start_within = 1.0
+    allowed = max(0.0, float(status["measuredWaveSeconds"]) + start_within - lead)
+    print(f"leadTime auto: lead {lead:.2f}s, longest wave {status['measuredWaveSeconds']}s")
+    return allowed
+
+
 FLEET_OF_LEAD = {"auto": "triton-auto", "0s": "triton-none"}
 """The lead times the schedule test compares, and the label (and name prefix) of each fleet."""
 LEAD_TIMES = tuple(FLEET_OF_LEAD)
@@ -69,9 +87,10 @@ LEAD_TIMES = tuple(FLEET_OF_LEAD)
 def test_schedule_window_is_in_force_on_every_target_when_it_opens(
     kube: Kube, namespace: str, start_operator: StartOperator
 ) -> None:
-    """With a lead time (auto) every target serves the window's profile at its start; without
-    one (0s) within one interval and a wave of reloads after it. Two fleets, one policy each,
-    one operator: they share the wait for a minute boundary."""
+    """With a lead time (auto) every target serves the window's profile at its start (late only
+    by what this rollout's wave took beyond the lead); without one (0s) within one interval and
+    a wave of reloads after it. Two fleets, one policy each, one operator: they share the wait
+    for a minute boundary."""
     interval = 3.0
     # One wave of reloads (both replicas at once): 1.7-1.9 s in a container on an idle 2-core
     # machine, more beside a busy core; what the operator controls is when the wave starts.
@@ -98,6 +117,7 @@ def test_schedule_window_is_in_force_on_every_target_when_it_opens(
         lead = (opens - rollout_starts[lead_time]).total_seconds()
         assert lead == (0 if lead_time == "0s" else planned["leadTimeSeconds"])
 
+    served_after: dict[str, float] = {}
     for lead_time in LEAD_TIMES:  # the lead's rollout starts first
         remaining = (
             rollout_starts[lead_time] - datetime.datetime.now(datetime.UTC)
@@ -114,7 +134,11 @@ def test_schedule_window_is_in_force_on_every_target_when_it_opens(
             f"\nleadTime {lead_time}: every target served interactive "
             f"{switched_after:.2f}s after the window opened"
         )
-        assert switched_after <= (0 if lead_time == "auto" else interval + wave_allowance)
+        served_after[lead_time] = switched_after
+    # The auto fleet is judged once the 0s fleet was timed: its status is read after its rollout.
+    assert served_after["0s"] <= interval + wave_allowance
+    lead = (opens - rollout_starts["auto"]).total_seconds()
+    assert served_after["auto"] <= lateness_the_lead_cannot_cover(kube, namespace, lead)
 
     listed = kube.kubectl_run("get", "bp", "-n", namespace).stdout.splitlines()
     switches = operators.events(kube, namespace, "ProfileSwitched")
