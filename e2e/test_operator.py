@@ -60,22 +60,24 @@ def timeline(kube: Kube, namespace: str, name: str = "fleet") -> Iterator[list[t
         watcher.join(timeout=5)
 
 
-def lateness_the_lead_cannot_cover(kube: Kube, namespace: str, lead: float) -> float:
-    """How late after the boundary the auto lead's fleet may serve: not at all, unless this
-    rollout's wave (the status measures it) took longer than the lead allowed for. The lead
-    is computed from the waves measured before, and a busy machine can double a reload
-    (1.7-1.9 s idle, 7.7 s seen beside a busy core); what the operator controls is that the
-    rollout starts at plannedRolloutStart, within one pass's observation of the fleet."""
+def allowed_lateness(
+    kube: Kube, namespace: str, lead_time: str, *, lead: float, start_within: float
+) -> float:
+    """How late after the boundary a fleet may serve the window's profile: its rollout starts
+    `lead` before the boundary, within `start_within` (what the operator controls), and then
+    takes as long as its wave takes, which the status measures. The machine decides the wave:
+    a reload takes 1.7-1.9 s in a container on an idle 2-core machine and 7-8.5 s was seen
+    beside a busy core, so the auto lead, computed from the waves measured before, can fall
+    short by the difference."""
 
     def after_the_rollout() -> dict[str, Any] | None:
-        status = status_of(kube, namespace, "lead-auto")
+        status = status_of(kube, namespace, f"lead-{lead_time}")
         return status if status.get("activeProfile") == "interactive" else None
 
-    status = waiting.wait_for("lead-auto's status after its rollout", after_the_rollout, timeout=30)
-    start_within = 1.0
-    allowed = max(0.0, float(status["measuredWaveSeconds"]) + start_within - lead)
-    print(f"leadTime auto: lead {lead:.2f}s, longest wave {status['measuredWaveSeconds']}s")
-    return allowed
+    status = waiting.wait_for(f"lead-{lead_time}'s status after its rollout", after_the_rollout)
+    wave = float(status["measuredWaveSeconds"])
+    print(f"leadTime {lead_time}: lead {lead:.2f}s, longest wave {wave:.2f}s")
+    return max(0.0, start_within + wave - lead)
 
 
 FLEET_OF_LEAD = {"auto": "triton-auto", "0s": "triton-none"}
@@ -88,13 +90,10 @@ def test_schedule_window_is_in_force_on_every_target_when_it_opens(
     kube: Kube, namespace: str, start_operator: StartOperator
 ) -> None:
     """With a lead time (auto) every target serves the window's profile at its start (late only
-    by what this rollout's wave took beyond the lead); without one (0s) within one interval and
-    a wave of reloads after it. Two fleets, one policy each, one operator: they share the wait
-    for a minute boundary."""
+    by what its wave took beyond the lead); without one (0s) within one interval and a wave
+    after it. Two fleets, one policy each, one operator: they share the wait for a minute
+    boundary."""
     interval = 3.0
-    # One wave of reloads (both replicas at once): 1.7-1.9 s in a container on an idle 2-core
-    # machine, more beside a busy core; what the operator controls is when the wave starts.
-    wave_allowance = 5.0
     fleets = {
         lead_time: fleet.start_tritons(kube, namespace, 2, labels={"app": app}, prefix=app)
         for lead_time, app in FLEET_OF_LEAD.items()
@@ -135,10 +134,13 @@ def test_schedule_window_is_in_force_on_every_target_when_it_opens(
             f"{switched_after:.2f}s after the window opened"
         )
         served_after[lead_time] = switched_after
-    # The auto fleet is judged once the 0s fleet was timed: its status is read after its rollout.
-    assert served_after["0s"] <= interval + wave_allowance
-    lead = (opens - rollout_starts["auto"]).total_seconds()
-    assert served_after["auto"] <= lateness_the_lead_cannot_cover(kube, namespace, lead)
+    # Judged once both were timed: the statuses are read after the rollouts. A pass starts the
+    # auto lead's rollout at plannedRolloutStart; without a lead, within an interval of the
+    # boundary. Either way the wave takes what the machine gives it.
+    for lead_time, start_within in (("auto", 1.0), ("0s", interval + 1.0)):
+        lead = (opens - rollout_starts[lead_time]).total_seconds()
+        allowed = allowed_lateness(kube, namespace, lead_time, lead=lead, start_within=start_within)
+        assert served_after[lead_time] <= allowed, f"leadTime {lead_time}"
 
     listed = kube.kubectl_run("get", "bp", "-n", namespace).stdout.splitlines()
     switches = operators.events(kube, namespace, "ProfileSwitched")
