@@ -18,7 +18,6 @@ written through the API.
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 import kubernetes.client
 
 from batchpilot.applying.replicas import Replica, ServingContainer
+from batchpilot.kube import calls
 from batchpilot.policy import governing, specs
 
 GATE = "batchpilot.dev/config-applied"
@@ -185,13 +185,11 @@ class Pods:
                 "%Y-%m-%dT%H:%M:%SZ"
             ),
         }
-        # The client's timeout bounds each socket read, not the call: this bounds the call.
-        async with asyncio.timeout(self._timeout * 2):
-            await asyncio.to_thread(
-                self._core.patch_namespaced_pod_status,
-                pod,
-                namespace,
-                {"status": {"conditions": [condition]}},
-                _content_type=STRATEGIC_MERGE,
-                _request_timeout=self._timeout,
-            )
+        await calls.bounded(
+            self._core.patch_namespaced_pod_status,
+            pod,
+            namespace,
+            {"status": {"conditions": [condition]}},
+            _content_type=STRATEGIC_MERGE,
+            read_timeout=self._timeout,
+        )

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import kubernetes.client
 
 from batchpilot import crds
+from batchpilot.kube import calls
 from batchpilot.policy import documents
 
 MERGE = "application/merge-patch+json"
@@ -20,16 +20,14 @@ class Policies:
 
     async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         """Replace the status fields given (a merge patch: lists are written whole)."""
-        # The client's timeout bounds each socket read, not the call: this bounds the call.
-        async with asyncio.timeout(self._timeout * 2):
-            await asyncio.to_thread(
-                self._custom.patch_namespaced_custom_object_status,
-                documents.GROUP,
-                documents.VERSION,
-                namespace,
-                crds.PLURAL,
-                name,
-                {"status": status},
-                _content_type=MERGE,
-                _request_timeout=self._timeout,
-            )
+        await calls.bounded(
+            self._custom.patch_namespaced_custom_object_status,
+            documents.GROUP,
+            documents.VERSION,
+            namespace,
+            crds.PLURAL,
+            name,
+            {"status": status},
+            _content_type=MERGE,
+            read_timeout=self._timeout,
+        )

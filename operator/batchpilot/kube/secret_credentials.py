@@ -9,7 +9,6 @@ read on every pass (one GET per policy per tick), so a rotated value is used at 
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import json
@@ -18,6 +17,7 @@ from typing import Any
 import kubernetes.client
 
 from batchpilot.applying import credentials
+from batchpilot.kube import calls
 from batchpilot.policy import specs
 
 
@@ -35,15 +35,17 @@ class SecretCredentials:
             return {}
         where = f"Secret {namespace}/{credential.secret_name}"
         try:
-            response: Any = await asyncio.to_thread(
+            response: Any = await calls.bounded(
                 self._core.read_namespaced_secret,
                 credential.secret_name,
                 namespace,
                 _preload_content=False,
-                _request_timeout=self._timeout,
+                read_timeout=self._timeout,
             )
         except kubernetes.client.ApiException as error:
             raise credentials.CredentialUnavailable(_refusal(where, error.status)) from None
+        except TimeoutError:
+            raise credentials.CredentialUnavailable(f"reading {where} timed out") from None
         data = (json.loads(response.data).get("data") or {}).get(credential.key)
         if data is None:
             raise credentials.CredentialUnavailable(f"{where} has no key {credential.key!r}")
