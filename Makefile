@@ -4,7 +4,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml tools/pyproject.toml | sha1sum | cut -c1-12)
 
 .PHONY: venv deps images lint unit integration e2e e2e-kind kind-down test demo generate helm-lint dashboard-png bench bench-short gpu-check gpu-wheels grafana llm-env
 
@@ -13,10 +13,11 @@ demo: venv
 	$(VENV)/bin/batchpilot demo
 
 venv: $(STAMP)
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml tools/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,triton,torch]'
+	# The product and, beside it, the tooling's own distribution (tools/): `batchpilot demo`.
+	$(PY) -m pip install --quiet -e '.[dev,triton,torch]' -e ./tools
 	rm -f $(VENV)/.installed-* && touch $@
 
 # mypy's cache lives beside the other caches, so a fresh clone checks in seconds, not a minute
@@ -33,7 +34,7 @@ lint: venv
 	$(VENV)/bin/lint-imports
 
 # The helm that `make k8s-bins` builds.
-HELM = "$$($(PY) -c 'from e2e import charts; print(charts.helm_binary())')"
+HELM = "$$($(PY) -c 'from batchpilot_cluster import locations; print(locations.bin_dir() / "helm")')"
 
 # Every generated file, from one generator (batchpilot_charts): the CRD from the API models, the
 # chart's copy of crds/, its alert rules (Prometheus and Grafana) and dashboard, then
@@ -77,7 +78,7 @@ deps:
 # archive in ${BATCHPILOT_CACHE:-~/.cache/batchpilot}/images (for `ctr images import`), rebuilt
 # only when its inputs change (e2e/README.md, "Images").
 images: venv deps
-	$(PY) -m e2e.cluster images
+	$(PY) -m batchpilot_cluster images
 
 unit: venv
 	$(PY) -m pytest tests/unit
@@ -117,7 +118,7 @@ bench-short: venv deps k8s-bins llm-env images
 GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
 GPU_CHECK_ARGS ?=
 gpu-check:
-	PYTHONPATH=$(CURDIR)/operator:$(CURDIR)/sidecar $(GPU_PYTHON) -m batchpilot_harness.gpuchecks run $(GPU_CHECK_ARGS)
+	PYTHONPATH=$(CURDIR)/operator:$(CURDIR)/sidecar:$(CURDIR)/tools $(GPU_PYTHON) -m batchpilot_harness.gpuchecks run $(GPU_CHECK_ARGS)
 
 # The wheels gpu-check needs beyond what the lent GPU machines have (torch, numpy, nvidia-ml-py,
 # prometheus-client, aiohttp, pyyaml), at this virtualenv's versions, for CPython
@@ -125,7 +126,7 @@ gpu-check:
 # fails above 60 MiB.
 GPU_WHEELS_PYTHON ?= 3.11
 gpu-wheels: venv
-	PYTHONPATH=$(CURDIR)/operator:$(CURDIR)/sidecar $(PY) -m batchpilot_harness.gpuchecks wheels --dest .gpu-wheels --python $(GPU_WHEELS_PYTHON)
+	PYTHONPATH=$(CURDIR)/operator:$(CURDIR)/sidecar:$(CURDIR)/tools $(PY) -m batchpilot_harness.gpuchecks wheels --dest .gpu-wheels --python $(GPU_WHEELS_PYTHON)
 
 # Against a real API server: the local control plane (started and stopped by the suite), or the
 # cluster $$KUBECONFIG names if it is a test cluster.
@@ -145,26 +146,26 @@ test: lint deps k8s-bins grafana llm-env images
 .PHONY: k8s-bins cluster-up cluster-down
 
 k8s-bins: venv
-	$(PY) -m e2e.cluster build
+	$(PY) -m batchpilot_cluster build
 
 cluster-up: venv deps
-	$(PY) -m e2e.cluster up
+	$(PY) -m batchpilot_cluster up
 
 cluster-down:
-	$(PY) -m e2e.cluster down
+	$(PY) -m batchpilot_cluster down
 
 # The Grafana server that loads the chart's dashboard and alert rules in
 # tests/integration/test_grafana.py, built from its Go module once per version into
 # ${BATCHPILOT_CACHE:-~/.cache/batchpilot}/grafana (needs Go and a C compiler; the web front end
 # is not built).
 grafana: venv
-	$(PY) -m e2e.grafana build
+	$(PY) -m batchpilot_cluster.grafana build
 
 # The same e2e suite on kind, for machines with a Docker engine (not this project's CI machines):
 # builds kind and the three images, installs the chart, runs the suite. `make kind-down` after.
 e2e-kind: venv k8s-bins
-	$(PY) -m e2e.kind up
-	$(PY) -m e2e.kind test
+	$(PY) -m batchpilot_testbed.kind up
+	$(PY) -m batchpilot_testbed.kind test
 
 kind-down: venv
-	$(PY) -m e2e.kind down
+	$(PY) -m batchpilot_testbed.kind down

@@ -2,7 +2,7 @@
 
 With ``KUBECONFIG`` set, the tests use that cluster, but only if its current context is plainly a
 test cluster (``batchpilot-e2e`` or ``kind-batchpilot``). Without it they use the local control
-plane (see ``e2e.cluster``): the one ``make cluster-up`` left running, or one started for the
+plane (see ``batchpilot_cluster``): the one ``make cluster-up`` left running, or one started for the
 session. That happens after collection and outside every test, so the per-test timeouts measure
 the tests, not the start of the cluster.
 """
@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from e2e import fleet, kubes, namespaces, operators, waiting
-from e2e.cluster import building, controlplane, locations, podnetwork
+from batchpilot_cluster import building, controlplane, locations, podnetwork
+from batchpilot_testbed import fleet, kubes, namespaces, operators, waiting
 
 ALLOWED_CONTEXTS = ("batchpilot-e2e", "kind-batchpilot")
 
@@ -115,7 +115,7 @@ def _given_cluster(kubeconfig: Path) -> kubes.Kube:
             f"its name must contain one of {ALLOWED_CONTEXTS}",
             returncode=4,
         )
-    # A cluster that `python -m e2e.cluster up` started is as local as one started here.
+    # A cluster that `python -m batchpilot_cluster up` started is as local as one started here.
     state_dir = locations.state_dir()
     local = None
     if kubeconfig.resolve() == state_dir / "kubeconfig" and controlplane.is_up(state_dir):
@@ -143,11 +143,11 @@ def client_host(local_cluster: controlplane.Cluster) -> Iterator[podnetwork.Host
 @pytest.fixture
 def triton_pods(kube: kubes.Kube) -> None:
     """For tests that need Triton Pods that really run: the local cluster, or kind with the
-    images of `python -m e2e.kind`; skips elsewhere."""
+    images of `python -m batchpilot_testbed.kind`; skips elsewhere."""
     if not fleet.pods_run_here(kube.local is not None):
         pytest.skip(
             "needs real Triton Pods: the local cluster's real node, or kind with "
-            f"${fleet.TRITON_IMAGE_ENV} (python -m e2e.kind test)"
+            f"${fleet.TRITON_IMAGE_ENV} (python -m batchpilot_testbed.kind test)"
         )
 
 

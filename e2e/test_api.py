@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from e2e import waiting
-from e2e.kubes import Kube
+from batchpilot_testbed import waiting
+from batchpilot_testbed.kubes import Kube
 
 pytestmark = pytest.mark.e2e
 

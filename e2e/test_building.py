@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from e2e.cluster import building, versions
-from e2e.grafana import building as grafana_building
+from batchpilot_cluster import building, versions
+from batchpilot_cluster.grafana import building as grafana_building
 
 KUBERNETES_GO_MOD = """\
 module k8s.io/kubernetes

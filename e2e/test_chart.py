@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e import charts, fleet, operators, waiting
-from e2e.kubes import Kube
+from batchpilot_testbed import charts, fleet, operators, waiting
+from batchpilot_testbed.kubes import Kube
 
 pytestmark = pytest.mark.e2e
 

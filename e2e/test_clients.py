@@ -3,7 +3,7 @@
 import asyncio
 
 from batchpilot_harness import loadgen
-from e2e import clients
+from batchpilot_testbed import clients
 
 
 class Flaky:

@@ -16,10 +16,10 @@ import tritonclient.grpc as grpcclient
 from kubernetes import client
 
 from batchpilot.kube import pods
+from batchpilot_cluster import controlplane, podnetwork, podsandboxes, processes
+from batchpilot_testbed import clients, fleet, operators, waiting
+from batchpilot_testbed.kubes import Kube
 from batchpilot_triton import endpoints
-from e2e import clients, fleet, operators, waiting
-from e2e.cluster import controlplane, podnetwork, podsandboxes, processes
-from e2e.kubes import Kube
 
 pytestmark = pytest.mark.e2e
 

@@ -18,12 +18,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from batchpilot import telemetry
+from batchpilot_cluster import controlplane, podnetwork, podsandboxes
 from batchpilot_harness import loadgen, local_prometheus
+from batchpilot_testbed import clients, fleet, operators, waiting
+from batchpilot_testbed.kubes import Kube
+from batchpilot_testbed.operators import OperatorProcess
 from batchpilot_triton import endpoints
-from e2e import clients, fleet, operators, waiting
-from e2e.cluster import controlplane, podnetwork, podsandboxes
-from e2e.kubes import Kube
-from e2e.operators import OperatorProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("local_cluster")]
 

@@ -32,10 +32,10 @@ import pytest
 import yaml
 
 from batchpilot.kube import pods
+from batchpilot_cluster import building, images, podnetwork, realnodes
+from batchpilot_testbed import charts, clients, fleet, namespaces, waiting
+from batchpilot_testbed.kubes import Kube
 from batchpilot_triton import endpoints
-from e2e import charts, clients, fleet, namespaces, waiting
-from e2e.cluster import building, images, podnetwork, realnodes
-from e2e.kubes import Kube
 
 pytestmark = pytest.mark.e2e
 

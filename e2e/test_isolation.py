@@ -17,12 +17,12 @@ import pytest
 import yaml
 from kubernetes import client
 
+from batchpilot_cluster import realnodes
+from batchpilot_testbed import fleet, hostile_servers, namespaces, operators, waiting
+from batchpilot_testbed.hostile_servers import PROMETHEUS_PORT
+from batchpilot_testbed.kubes import Kube
+from batchpilot_testbed.operators import OperatorProcess
 from batchpilot_triton import endpoints
-from e2e import fleet, hostile_servers, namespaces, operators, waiting
-from e2e.cluster import realnodes
-from e2e.hostile_servers import PROMETHEUS_PORT
-from e2e.kubes import Kube
-from e2e.operators import OperatorProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600), pytest.mark.usefixtures("triton_pods")]
 
@@ -43,8 +43,8 @@ SERVERS_SOURCE = Path(hostile_servers.__file__)
 
 
 def hostile_pod(name: str, labels: dict[str, str], placement: fleet.Placement) -> client.V1Pod:
-    """The tenant's servers (`e2e.hostile_servers`, from a ConfigMap) in the sidecar's image,
-    which has Python and the ports' numbers (batchpilot_triton)."""
+    """The tenant's servers (`batchpilot_testbed.hostile_servers`, from a ConfigMap) in the
+    sidecar's image, which has Python and the ports' numbers (batchpilot_triton)."""
     return client.V1Pod(
         metadata=client.V1ObjectMeta(name=name, labels=labels),
         spec=client.V1PodSpec(

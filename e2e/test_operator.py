@@ -21,12 +21,12 @@ from typing import Any
 import pytest
 from prometheus_client import parser
 
+from batchpilot_cluster import podnetwork
 from batchpilot_harness import loadgen
+from batchpilot_testbed import balancing, clients, fleet, operators, waiting
+from batchpilot_testbed.kubes import Kube
+from batchpilot_testbed.operators import OperatorProcess
 from batchpilot_triton import endpoints
-from e2e import balancing, clients, fleet, operators, waiting
-from e2e.cluster import podnetwork
-from e2e.kubes import Kube
-from e2e.operators import OperatorProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("triton_pods")]
 

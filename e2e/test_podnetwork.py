@@ -2,7 +2,7 @@
 
 import ipaddress
 
-from e2e.cluster import controlplane, podnetwork
+from batchpilot_cluster import controlplane, podnetwork
 
 
 def test_a_host_is_named_after_its_ip_within_linux_limits() -> None:

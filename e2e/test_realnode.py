@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from batchpilot.kube import pods
-from e2e import clients, fleet, namespaces, nodeimages, waiting, webpods
-from e2e.cluster import building, controlplane, podnetwork, processes, realnodes
-from e2e.kubes import Kube
-from e2e.webpods import PORT, web_pod
+from batchpilot_cluster import building, controlplane, podnetwork, processes, realnodes
+from batchpilot_testbed import clients, fleet, namespaces, nodeimages, waiting, webpods
+from batchpilot_testbed.kubes import Kube
+from batchpilot_testbed.webpods import PORT, web_pod
 
 pytestmark = pytest.mark.e2e
 

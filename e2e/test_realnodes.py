@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.cluster import (
+from batchpilot_cluster import (
     building,
     certificates,
     controlplane,

@@ -1,4 +1,5 @@
-"""A real Grafana server (built by `make grafana`, see e2e/grafana) for integration tests.
+"""A real Grafana server (built by `make grafana`, see tools/batchpilot_cluster/grafana) for
+integration tests.
 
 `grafana_server(provisioning)` starts one on a free loopback port with its data, logs, plugins
 and provisioning folders in the test's tmp dir, waits until its API answers, and stops it
@@ -23,9 +24,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import pytest
-from e2e.cluster import building as go_building
-from e2e.grafana import building
 
+from batchpilot_cluster import building as go_building
+from batchpilot_cluster.grafana import building
 from batchpilot_harness import local_triton
 
 ADMIN = "admin"

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 import yaml
-from e2e import charts
+
+from batchpilot_testbed import charts
 
 RELEASE_NAMESPACE = "batchpilot-system"
 

@@ -12,9 +12,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from e2e.cluster import locations
 
 from batchpilot_charts import generating
+from batchpilot_cluster import locations
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,8 +1,10 @@
 """A schedule boundary: is the new profile in force on every replica when the window opens?
 
-On the local Kubernetes cluster (`e2e.cluster`), N Pods with the readiness gate serve `gpu_sim`
+On the local Kubernetes cluster (`batchpilot_cluster`), N Pods with the readiness gate serve
+`gpu_sim`
 and the operator runs as a process, as its ServiceAccount. Open-loop Poisson load goes to the
-Ready Pods only, each request to one chosen when it is due (`e2e.balancing.ReadyBalancer`, the
+Ready Pods only, each request to one chosen when it is due
+(`batchpilot_testbed.balancing.ReadyBalancer`, the
 endpoint-aware client of the switch benchmark). A policy runs
 `bulk` by default and opens an `interactive` window at a minute boundary; the same Pods meet one
 such boundary per lead time, side by side:
@@ -35,9 +37,9 @@ from typing import Any
 
 import aiohttp
 import benchmarking
-from e2e import balancing, fleet, operators, waiting
 
 from batchpilot_harness import loadgen
+from batchpilot_testbed import balancing, fleet, operators, waiting
 from batchpilot_triton import modelconfigs
 
 POLICY = "desk"

@@ -1,12 +1,13 @@
 """A chaos soak: minutes of load, schedule boundaries and random faults; is the fleet right?
 
-On the local Kubernetes cluster (`e2e.cluster`), gated Triton Pods serve `gpu_sim` and the
+On the local Kubernetes cluster (`batchpilot_cluster`), gated Triton Pods serve `gpu_sim` and the
 operator runs as a process, as its ServiceAccount. The policy's schedule alternates
 `interactive` and `bulk` every two minutes, and a load rule whose signal comes from the sidecars
 (so a hung sidecar matters) never fires at this load. Each Pod gets a keep-alive client of its
 own, so every failed request belongs to the Pod it was sent to.
 
-Every `gap` seconds one fault from `e2e.faults.KINDS` is injected, each kind in turn (shuffled,
+Every `gap` seconds one fault from `batchpilot_testbed.faults.KINDS` is injected, each kind in turn
+(shuffled,
 so that all come round equally often), on a random Pod where it hits one, and healed after
 `hold` seconds where it does not heal itself. Once a second the soak samples what every Pod
 serves, its gate, and what the policy should be on: the schedule's profile, or a policy edit's
@@ -40,9 +41,10 @@ from pathlib import Path
 from typing import Any
 
 import benchmarking
-from e2e import clients, faults, fleet, operators, waiting
-from e2e.cluster import controlplane, podnetwork
-from e2e.kubes import Kube
+
+from batchpilot_cluster import controlplane, podnetwork
+from batchpilot_testbed import clients, faults, fleet, operators, waiting
+from batchpilot_testbed.kubes import Kube
 
 WINDOW_MINUTES = 2
 """The schedule flips between interactive and bulk this often."""

@@ -2,7 +2,8 @@
 connections through its Service, which the drain's `rollout.settleSeconds` (default 1.5 s) rests
 on; and how long a Triton + sidecar Pod takes from creation to Ready.
 
-On the local cluster (`e2e.cluster`), two web Pods (`e2e.webpods`) with batchpilot's readiness
+On the local cluster (`batchpilot_cluster`), two web Pods (`batchpilot_testbed.webpods`) with
+batchpilot's readiness
 gate run on the real node (its kubelet, containerd, CNI) behind a ClusterIP Service. Each round
 opens both gates, waits until kube-proxy routes to both, then closes one gate, as the operator
 does before a reload, and from that moment polls, each in its own thread every 20 ms:
@@ -13,7 +14,8 @@ does before a reload, and from that moment polls, each in its own thread every 2
   Service chain's DNAT map, after which no new connection is sent to it;
 
 then asks through the Service, from a client network namespace, for 20 new connections: none
-may reach the drained Pod. Then it starts Triton + sidecar Pods (`e2e.fleet`, this checkout's
+may reach the drained Pod. Then it starts Triton + sidecar Pods (`batchpilot_testbed.fleet`, this
+checkout's
 images, without the gate) and times each from creation to Running and to Ready (the kubelet's
 readiness probe on Triton's `/v2/health/ready` passing).
 
@@ -35,12 +37,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import benchmarking
-from e2e import clients, fleet, nodeimages, waiting, webpods
-from e2e.cluster import building, controlplane, podnetwork, realnodes
-from e2e.kubes import Kube
 from kubernetes import client
 
 from batchpilot.kube import pods
+from batchpilot_cluster import building, controlplane, podnetwork, realnodes
+from batchpilot_testbed import clients, fleet, nodeimages, waiting, webpods
+from batchpilot_testbed.kubes import Kube
 
 POLL_SECONDS = 0.02
 GIVE_UP_SECONDS = 20.0

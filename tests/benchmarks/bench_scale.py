@@ -1,7 +1,7 @@
 """Operator scale: many BatchPolicies over real Triton Pods; CPU, memory, and a schedule boundary.
 
-On the local Kubernetes cluster (`e2e.cluster`), R real tritonservers serve `gpu_sim` in R Pods
-of its real node (containerd, the kubelet) spread over several namespaces, and one
+On the local Kubernetes cluster (`batchpilot_cluster`), R real tritonservers serve `gpu_sim` in R
+Pods of its real node (containerd, the kubelet) spread over several namespaces, and one
 `batchpilot operator` process governs them. For each policy count P it creates P BatchPolicies,
 each selecting one Pod (round-robin over the Pods):
 
@@ -49,13 +49,13 @@ from typing import Any
 import aiohttp
 import benchmarking
 import kubernetes.client
-from e2e import fleet, operators, waiting
-from e2e.kubes import Kube
 from prometheus_client.parser import text_string_to_metric_families
 
 from batchpilot.applying import actuators
 from batchpilot.policy import rendering, specs
 from batchpilot_harness import demo_models, processes
+from batchpilot_testbed import fleet, operators, waiting
+from batchpilot_testbed.kubes import Kube
 from batchpilot_triton import modelconfigs, servers
 
 GROUP, VERSION, PLURAL = "batchpilot.dev", "v1alpha1", "batchpolicies"

@@ -1,16 +1,17 @@
 """Switch cost through a real Service: a profile change reaching N Triton replicas under load, in
 place or drained, as four kinds of client see it.
 
-On the local Kubernetes cluster (`e2e.cluster`: a real API server, kube-proxy in nftables mode,
+On the local Kubernetes cluster (`batchpilot_cluster`: a real API server, kube-proxy in nftables
+mode,
 Pods on its real node, run by the kubelet and containerd from this checkout's images, each in a
 network namespace of its own that CNI's bridge plugin joins to the node's bridge)
 N Pods serve `gpu_sim` behind a ClusterIP Service and the operator runs as a process, as its
-ServiceAccount. Open-loop Poisson load comes from four clients (`e2e.clients`):
+ServiceAccount. Open-loop Poisson load comes from four clients (`batchpilot_testbed.clients`):
 
 - `new-connection`, `keep-alive` (`tritonclient.http.aio`), `grpc` (`tritonclient.grpc.aio`):
   through the Service's cluster IP, from a client network namespace, so kube-proxy routes them;
 - `endpoint-aware`: each request to a Ready Pod chosen when it is due
-  (`e2e.balancing.ReadyBalancer`), as a service mesh or a gRPC xDS client does.
+  (`batchpilot_testbed.balancing.ReadyBalancer`), as a service mesh or a gRPC xDS client does.
 
 The policy then flips between `interactive` and `bulk` by its override, several times, in each of
 two modes, on fresh Pods:
@@ -55,11 +56,11 @@ from typing import Any
 import aiohttp
 import benchmarking
 import kubernetes.client
-from e2e import balancing, clients, fleet, operators, waiting
-from e2e.cluster import controlplane, podnetwork
-from e2e.kubes import Kube
 
+from batchpilot_cluster import controlplane, podnetwork
 from batchpilot_harness import loadgen
+from batchpilot_testbed import balancing, clients, fleet, operators, waiting
+from batchpilot_testbed.kubes import Kube
 from batchpilot_triton import endpoints, modelconfigs
 
 POLICY = "fleet"

@@ -33,11 +33,9 @@ from batchpilot_harness import loadgen
 from batchpilot_triton import scraping
 
 if TYPE_CHECKING:
-    from e2e.kubes import Kube
+    from batchpilot_testbed.kubes import Kube
 
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.append(str(REPO))
 DEFAULT_OUT = REPO / ".bench"
 """Where a run writes its figures (ignored by git)."""
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -561,12 +559,13 @@ def publish(out_dir: Path, names: Sequence[str]) -> None:
 def local_cluster(
     *, wait_seconds: float = 900.0, say: Callable[[str], None] = print
 ) -> Iterator[Kube]:
-    """An `e2e.kubes.Kube` on a local cluster: the one this checkout's `make cluster-up` left
+    """An `batchpilot_testbed.kubes.Kube` on a local cluster: the one this checkout's `make
+    cluster-up` left
     running, else the one that holds the machine's pod network now (another checkout's), else
     one started here and stopped at the end. While another cluster is starting or stopping,
     wait for it (up to `wait_seconds`); never stop a cluster this did not start."""
-    from e2e import kubes
-    from e2e.cluster import building, controlplane, locations, podnetwork
+    from batchpilot_cluster import building, controlplane, locations, podnetwork
+    from batchpilot_testbed import kubes
 
     def kube(cluster: controlplane.Cluster) -> Kube:
         return kubes.Kube(
@@ -609,7 +608,7 @@ def local_cluster(
 def operator_cluster(out_dir: Path, name: str) -> Iterator[tuple[Kube, Path]]:
     """`local_cluster()` with batchpilot's API installed, and a kubeconfig in `out_dir` that is
     the operator's ServiceAccount."""
-    from e2e import operators
+    from batchpilot_testbed import operators
 
     with local_cluster() as kube:
         yield kube, operators.install_and_log_in(kube, out_dir / f"{name}-operator.kubeconfig")
@@ -617,10 +616,11 @@ def operator_cluster(out_dir: Path, name: str) -> Iterator[tuple[Kube, Path]]:
 
 @contextlib.contextmanager
 def namespace(kube: Kube, prefix: str) -> Iterator[str]:
-    """A fresh namespace (`e2e.namespaces`), more patient than a test's: a benchmark's fleet is
+    """A fresh namespace (`batchpilot_testbed.namespaces`), more patient than a test's: a
+    benchmark's fleet is
     larger. Delete BatchPolicies before its end, while an operator still runs to remove its
     finalizer."""
-    from e2e import namespaces
+    from batchpilot_testbed import namespaces
 
     with namespaces.created(
         kube,
@@ -635,7 +635,8 @@ def delete_policies(kube: Kube, namespace: str, *, timeout: float = 120.0) -> No
     """Delete a namespace's BatchPolicies and wait until they are gone: the operator must still
     run, to remove its finalizer."""
     import kubernetes.client
-    from e2e import waiting
+
+    from batchpilot_testbed import waiting
 
     api = kubernetes.client.CustomObjectsApi(kube.api_client)
     group, version, plural = "batchpilot.dev", "v1alpha1", "batchpolicies"

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any, cast
 
 import bench_chaos
-from e2e import clients, faults
 
 from batchpilot_harness import loadgen
+from batchpilot_testbed import clients, faults
 
 
 def test_the_schedule_alternates_every_window_from_the_next_minute() -> None:

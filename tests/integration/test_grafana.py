@@ -32,12 +32,12 @@ from typing import Any
 
 import pytest
 import yaml
-from e2e import charts
 
 import dashboard_plots
 import monitored_stacks
 from batchpilot_charts import alerts, dashboards, rendering
 from batchpilot_harness import loadgen
+from batchpilot_testbed import charts
 from grafana_fixtures import GrafanaServer, StartGrafana
 from prometheus_fixtures import StartPrometheus
 from triton_fixtures import TritonFactory

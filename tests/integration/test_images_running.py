@@ -30,7 +30,8 @@ import tritonclient.grpc
 import tritonclient.http
 import tritonclient.utils
 import yaml
-from e2e.cluster import images, locations
+
+from batchpilot_cluster import images, locations
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

@@ -1,6 +1,6 @@
-"""The distributions: the whole of batchpilot (pyproject.toml) and the sidecar's own
-(sidecar/pyproject.toml, what its image installs) agree, and the commands other packages add to
-`batchpilot` are there."""
+"""The distributions: the product (pyproject.toml), the sidecar's own (sidecar/pyproject.toml,
+what its image installs) and the tooling's (tools/pyproject.toml) agree, and the commands other
+packages add to `batchpilot` are there."""
 
 from __future__ import annotations
 
@@ -21,6 +21,11 @@ def project(path: Path) -> dict[str, Any]:
 
 ROOT = project(REPO / "pyproject.toml")
 SIDECAR = project(REPO / "sidecar" / "pyproject.toml")
+TOOLS = project(REPO / "tools" / "pyproject.toml")
+ADDED_COMMANDS = {
+    **ROOT["project"]["entry-points"]["batchpilot.commands"],
+    **TOOLS["project"]["entry-points"]["batchpilot.commands"],
+}
 
 
 def test_the_sidecar_depends_on_nothing_the_whole_does_not_pin_alike() -> None:
@@ -30,6 +35,20 @@ def test_the_sidecar_depends_on_nothing_the_whole_does_not_pin_alike() -> None:
 @pytest.mark.parametrize("name", ["kopf", "kubernetes", "prometheus-api-client", "pydantic"])
 def test_the_sidecar_image_carries_no_operator_library(name: str) -> None:
     assert not any(d.startswith(name) for d in SIDECAR["project"]["dependencies"])
+
+
+def test_the_product_distribution_finds_only_product_packages() -> None:
+    found = ROOT["tool"]["setuptools"]["packages"]["find"]
+    assert found["where"] == ["operator", "sidecar"]
+    assert all(name.startswith(("batchpilot.", "batchpilot_sidecar", "batchpilot_triton"))
+               or name == "batchpilot" for name in found["include"])  # fmt: skip
+
+
+def test_the_demo_comes_from_the_tooling_not_the_product() -> None:
+    assert "demo" not in ROOT["project"]["entry-points"]["batchpilot.commands"]
+    assert TOOLS["project"]["entry-points"]["batchpilot.commands"]["demo"] == (
+        "batchpilot_harness.commands"
+    )
 
 
 def test_both_distributions_take_their_version_from_one_place() -> None:
@@ -45,9 +64,7 @@ def test_the_sidecar_distribution_holds_the_sidecar_and_the_shared_layer_only() 
     assert found["include"] == ["batchpilot_sidecar*", "batchpilot_triton*"]
 
 
-@pytest.mark.parametrize(
-    ("command", "target"), sorted(ROOT["project"]["entry-points"]["batchpilot.commands"].items())
-)
+@pytest.mark.parametrize(("command", "target"), sorted(ADDED_COMMANDS.items()))
 def test_every_added_command_offers_what_the_cli_asks_of_it(command: str, target: str) -> None:
     module = importlib.import_module(target)
     assert isinstance(module.HELP, str)

@@ -63,7 +63,7 @@ def test_what_a_carried_distribution_requires_is_carried_or_on_the_device(carrie
 
 def test_nvidia_pytriton_is_carried_for_its_files_only() -> None:
     # Its Python package (and so its long list of requirements) is never imported.
-    code = (REPO / "operator" / "batchpilot_harness" / "local_triton.py").read_text()
+    code = (REPO / "tools" / "batchpilot_harness" / "local_triton.py").read_text()
     assert "import pytriton" not in code
     assert 'find_spec("pytriton")' in code
 

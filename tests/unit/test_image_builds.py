@@ -1,5 +1,5 @@
-"""The image builder's inputs and cache (e2e.cluster.images): what an image's tag is a hash of, when
-a run builds nothing, and how a missing tool or a failed step is reported."""
+"""The image builder's inputs and cache (batchpilot_cluster.images): what an image's tag is a hash
+of, when a run builds nothing, and how a missing tool or a failed step is reported."""
 
 import gzip
 import hashlib
@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from e2e import fleet
-from e2e.cluster import images, locations
+
+from batchpilot_cluster import images, locations
+from batchpilot_testbed import fleet
 
 OPERATOR_LIKE = """\
 ARG BASE=python:3.11-slim
@@ -68,7 +69,7 @@ def test_the_project_dockerfiles_copy_what_their_images_need() -> None:
         "sidecar/batchpilot_triton",
     ]
     assert sources("sidecar/Dockerfile") == ["sidecar"]
-    assert sources("e2e/kind/triton.Dockerfile") == ["manifests/model-repository"]
+    assert sources("tools/batchpilot_cluster/triton.Dockerfile") == ["manifests/model-repository"]
 
 
 def test_every_dockerfile_takes_its_base_as_a_build_argument_defaulting_to_python_slim() -> None:
@@ -307,7 +308,9 @@ def test_an_image_not_built_from_the_current_inputs_says_how_to_build_it(
     cache: Path, context: Path, builds: list[str]
 ) -> None:
     recipes = (images.ImageRecipe(name="one", dockerfile="Dockerfile"),)
-    with pytest.raises(images.ImageError, match=r"one: not built .*python -m e2e\.cluster images"):
+    with pytest.raises(
+        images.ImageError, match=r"one: not built .*python -m batchpilot_cluster images"
+    ):
         images.archive("one", context=context, recipes=recipes)
     images.build(context=context, recipes=recipes)
     (context / "README.md").write_text("changed\n")

@@ -1,1 +1,0 @@
-"""The kind path: `python -m e2e.kind up|test|down` (see __main__)."""

@@ -1,0 +1,619 @@
+"""The project's container images, built here without a Docker engine or a registry.
+
+``python -m batchpilot_cluster images`` (``make images``) builds the operator, the sidecar and the
+CPU
+Triton image from the same Dockerfiles a Docker user builds, and leaves each as an OCI archive that
+containerd imports (``ctr -n k8s.io images import``). Two things stand in for what a registry
+gives a Docker user:
+
+- The base. ``python:3.11-slim`` cannot be pulled, so mmdebstrap makes one from Debian bookworm's
+  packages (its ``python3`` is 3.11, with ``pip``, ``venv`` and a shared ``libpython`` as in the
+  official image; Debian's EXTERNALLY-MANAGED marker removed, so ``pip install`` installs
+  system-wide as it does there). The Dockerfiles take it as ``--build-arg BASE=``; their default
+  stays ``python:3.11-slim``. Its tag is a hash of the root filesystem's tarball, which
+  ``SOURCE_DATE_EPOCH`` makes reproducible for one set of package versions.
+- The trust store. ``pip`` inside a ``RUN`` step reaches PyPI through the machine's egress, whose
+  TLS certificates only the host's CA bundle trusts. The host's bundle is mounted read-only over
+  the image's for the ``RUN`` steps only (``buildah bud --volume``); nothing of it stays in an
+  image.
+
+Builds are cached by their inputs: an image's tag is a hash of its Dockerfile, every file its
+``COPY`` lines take from the context (less what its ``.dockerignore`` leaves out) and the base's
+tag, and its archive is written once under ``${BATCHPILOT_CACHE:-~/.cache/batchpilot}/images/``.
+A run whose inputs are unchanged builds nothing. For whoever imports them into a node's containerd,
+``archive(name)`` gives the archive and reference built from this checkout's current inputs, and
+``last_built(name)`` those of the last run of any checkout (``current.json`` there).
+buildah runs with the vfs driver and chroot isolation (no overlay or user namespaces needed), its
+storage under the same folder; each build logs to ``images/logs/<name>.log``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from batchpilot_cluster import locations
+
+BASE_NAME: Final = "batchpilot-base"
+BASE_SUITE: Final = "bookworm"
+BASE_MIRROR: Final = "http://deb.debian.org/debian"
+BASE_PACKAGES: Final = (
+    "python3",
+    "python3-pip",
+    "python3-venv",
+    "python-is-python3",  # `python`, as in python:3.11-slim
+    "libpython3.11",  # a shared libpython, as there; Triton's Python backend stub links it
+    "ca-certificates",
+)
+# A fixed clock for mmdebstrap: the same packages give the same tarball, hence the same tag.
+BASE_SOURCE_DATE_EPOCH: Final = "1700000000"
+BASE_ENVIRONMENT: Final = (
+    "LANG=C.UTF-8",
+    "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+)
+
+HOST_CA_BUNDLE: Final = Path("/etc/ssl/certs/ca-certificates.crt")
+REFERENCE_DOMAIN: Final = "localhost"
+TAG_LENGTH: Final = 16
+# Bumped when the way an image is built changes in a way its inputs do not show.
+RECIPE_VERSION: Final = "1"
+
+# Archives kept per image: the newest few, so checkouts a few commits apart sharing the cache
+# each find theirs, and edits do not pile up hundreds of megabytes each.
+KEPT_ARCHIVES: Final = 3
+
+BASE_TIMEOUT_SECONDS: Final = 1200
+BUILD_TIMEOUT_SECONDS: Final = 1800
+STEP_TIMEOUT_SECONDS: Final = 600
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ImageRecipe:
+    name: str
+    dockerfile: str  # relative to the context, the repository root
+
+
+IMAGES: Final = (
+    ImageRecipe(name="batchpilot-operator", dockerfile="operator/Dockerfile"),
+    ImageRecipe(name="batchpilot-sidecar", dockerfile="sidecar/Dockerfile"),
+    ImageRecipe(name="batchpilot-triton", dockerfile="tools/batchpilot_cluster/triton.Dockerfile"),
+)
+"""The images, by the names their references carry (``localhost/<name>:<input hash>``)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BuiltImage:
+    name: str
+    reference: str
+    archive: Path
+    image_bytes: int
+    archive_bytes: int
+    build_seconds: float
+    cached: bool
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "reference": self.reference,
+            "archive": str(self.archive),
+            "image_bytes": self.image_bytes,
+            "archive_bytes": self.archive_bytes,
+            "build_seconds": round(self.build_seconds, 1),
+        }
+
+    @classmethod
+    def from_json(cls, document: Mapping[str, object], *, cached: bool) -> BuiltImage:
+        return cls(
+            name=str(document["name"]),
+            reference=str(document["reference"]),
+            archive=Path(str(document["archive"])),
+            image_bytes=int(str(document["image_bytes"])),
+            archive_bytes=int(str(document["archive_bytes"])),
+            build_seconds=float(str(document["build_seconds"])),
+            cached=cached,
+        )
+
+
+class ImageError(Exception):
+    """One image (or the base) could not be built; the message names it and its log file."""
+
+
+def images_root() -> Path:
+    return locations.cache_root() / "images"
+
+
+def logs_dir() -> Path:
+    return images_root() / "logs"
+
+
+def archive_path(name: str, tag: str) -> Path:
+    return images_root() / f"{name}-{tag}.oci.tar"
+
+
+def reference(name: str, tag: str) -> str:
+    return f"{REFERENCE_DOMAIN}/{name}:{tag}"
+
+
+def archive(
+    name: str, *, context: Path = locations.REPO_ROOT, recipes: Sequence[ImageRecipe] = IMAGES
+) -> BuiltImage:
+    """The archive and reference of image `name` built from this checkout's current inputs, for
+    ``ctr -n k8s.io images import <archive>``; pods then name the reference. Builds nothing."""
+    recipe = next((recipe for recipe in recipes if recipe.name == name), None)
+    if recipe is None:
+        raise ImageError(f"unknown images: {name}")
+    tarball = base_tarball_path()
+    if not tarball.exists():
+        raise ImageError(f"{name}: no base built yet; run `python -m batchpilot_cluster images`")
+    tag = image_tag(recipe, context=context, base=base_reference(tarball))
+    built = cached_image(name, tag)
+    if built is None:
+        raise ImageError(
+            f"{name}: not built from the current inputs ({tag}); "
+            "run `python -m batchpilot_cluster images`"
+        )
+    return built
+
+
+def last_built(name: str) -> BuiltImage:
+    """What the last ``images`` run (of any checkout sharing the cache) built as `name`."""
+    try:
+        current = json.loads((images_root() / "current.json").read_text())
+        return BuiltImage.from_json(current[name], cached=True)
+    except (OSError, ValueError, KeyError) as error:
+        raise ImageError(
+            f"{name}: no image built yet ({error}); run `python -m batchpilot_cluster images`"
+        ) from None
+
+
+# --- inputs and their hashes -------------------------------------------------------------
+
+
+def base_argv(output: Path) -> list[str]:
+    """mmdebstrap's command line for the base's root filesystem tarball."""
+    return [
+        "mmdebstrap",
+        "--variant=minbase",
+        f"--include={','.join(BASE_PACKAGES)}",
+        # Merged /usr as in Debian's images, without the usrmerge package (which pulls in perl).
+        "--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr",
+        "--dpkgopt=path-exclude=/usr/share/man/*",
+        "--dpkgopt=path-exclude=/usr/share/info/*",
+        "--dpkgopt=path-exclude=/usr/share/locale/*",
+        "--dpkgopt=path-exclude=/usr/share/doc/*",
+        "--dpkgopt=path-include=/usr/share/doc/*/copyright",
+        '--customize-hook=rm -f "$1"/usr/lib/python3*/EXTERNALLY-MANAGED',
+        BASE_SUITE,
+        str(output),
+        BASE_MIRROR,
+    ]
+
+
+def base_recipe_key() -> str:
+    """A hash of how the base is made; its tarball is cached under it."""
+    recipe = [RECIPE_VERSION, BASE_SOURCE_DATE_EPOCH, *BASE_ENVIRONMENT, *base_argv(Path("-"))]
+    return hashlib.sha256("\0".join(recipe).encode()).hexdigest()[:TAG_LENGTH]
+
+
+def copied_sources(dockerfile: str) -> list[str]:
+    """The context paths a Dockerfile's ``COPY`` and ``ADD`` lines take (not ``--from`` ones)."""
+    logical_lines = re.sub(r"\\\n", " ", dockerfile).splitlines()
+    sources: list[str] = []
+    for line in logical_lines:
+        instruction, _, rest = line.strip().partition(" ")
+        if instruction.upper() not in ("COPY", "ADD"):
+            continue
+        flags: list[str] = []
+        rest = rest.strip()
+        while rest.startswith("--"):
+            flag, _, rest = rest.partition(" ")
+            flags.append(flag)
+            rest = rest.strip()
+        if any(flag.startswith("--from=") for flag in flags):
+            continue
+        paths = [str(path) for path in json.loads(rest)] if rest.startswith("[") else rest.split()
+        if len(paths) < 2:
+            raise ImageError(f"cannot read the sources of: {line.strip()}")
+        sources.extend(paths[:-1])
+    return sources
+
+
+def ignore_patterns(context: Path) -> list[str]:
+    """The context's .dockerignore, in the two forms it uses: a path from the context's root
+    (`.venv`) and a name at any depth (`**/__pycache__`, `**/*.pyc`)."""
+    try:
+        lines = (context / ".dockerignore").read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    patterns = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    for pattern in patterns:
+        if pattern.startswith("!") or "/" in pattern.removeprefix("**/"):
+            raise ImageError(f".dockerignore: {pattern!r} is a form the input hash does not read")
+    return patterns
+
+
+def ignored(relative: Path, patterns: Sequence[str]) -> bool:
+    parts = relative.parts
+    for pattern in patterns:
+        if pattern.startswith("**/"):
+            if any(fnmatch.fnmatchcase(part, pattern.removeprefix("**/")) for part in parts):
+                return True
+        elif fnmatch.fnmatchcase(parts[0], pattern):
+            return True
+    return False
+
+
+def context_files(context: Path, sources: Iterable[str]) -> list[Path]:
+    """Every file the sources name, relative to the context, sorted; directories recursively,
+    less what the context's .dockerignore leaves out (as the build leaves it out)."""
+    patterns = ignore_patterns(context)
+    files: set[Path] = set()
+    for source in sources:
+        if any(character in source for character in "*?["):
+            raise ImageError(f"{source}: wildcards in COPY sources are not hashed; name the path")
+        path = (context / source).resolve()
+        if not path.is_relative_to(context.resolve()) or not path.exists():
+            raise ImageError(f"{source}: not in the build context {context}")
+        candidates = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+        for candidate in candidates:
+            relative = candidate.relative_to(context.resolve())
+            if not ignored(relative, patterns):
+                files.add(relative)
+    return sorted(files)
+
+
+def input_tag(
+    *, context: Path, dockerfile: str, base: str, build_args: Mapping[str, str] | None = None
+) -> str:
+    """The tag of an image: a hash of everything its build reads."""
+    text = (context / dockerfile).read_text()
+    digest = hashlib.sha256()
+    for part in (RECIPE_VERSION, dockerfile, text, base):
+        digest.update(part.encode() + b"\0")
+    for key, value in sorted((build_args or {}).items()):
+        digest.update(f"{key}={value}".encode() + b"\0")
+    for relative in context_files(context, copied_sources(text)):
+        full = context / relative
+        executable = "x" if os.access(full, os.X_OK) else "-"
+        digest.update(f"{relative.as_posix()}\0{executable}\0".encode())
+        digest.update(hashlib.sha256(full.read_bytes()).digest())
+    return digest.hexdigest()[:TAG_LENGTH]
+
+
+def unpacked_bytes(archive: Path) -> int:
+    """The size of an OCI archive's layers once unpacked: gzip records each member's length in
+    its last four bytes (modulo 4 GiB, more than any layer here)."""
+    with tarfile.open(archive) as tar:
+
+        def blob(digest: str) -> tarfile.TarInfo:
+            return tar.getmember(f"blobs/{digest.replace(':', '/', 1)}")
+
+        def document(member: tarfile.TarInfo) -> dict[str, Any]:
+            stream = tar.extractfile(member)
+            assert stream is not None
+            loaded: dict[str, Any] = json.load(stream)
+            return loaded
+
+        total = 0
+        for entry in document(tar.getmember("index.json"))["manifests"]:
+            for layer in document(blob(entry["digest"]))["layers"]:
+                member = blob(layer["digest"])
+                if not layer["mediaType"].endswith("+gzip"):
+                    total += member.size
+                    continue
+                with archive.open("rb") as raw:
+                    raw.seek(member.offset_data + member.size - 4)
+                    total += int.from_bytes(raw.read(4), "little")
+        return total
+
+
+def file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# --- running the tools ---------------------------------------------------------------------
+
+
+def require_tools(tools: Sequence[str] = ("buildah", "mmdebstrap")) -> None:
+    for tool in tools:
+        if shutil.which(tool) is None:
+            raise ImageError(f"{tool} is not installed (Debian package {tool}; `make deps`)")
+
+
+def run_logged(
+    argv: Sequence[str],
+    *,
+    what: str,
+    log: Path,
+    timeout: float,
+    env: Mapping[str, str],
+    capture: bool = False,
+) -> str:
+    """Run `argv` with its output appended to `log`; its stdout is returned instead where
+    `capture` asks for it."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a") as stream:
+        stream.write(f"\n$ {shlex.join(argv)}\n")
+        stream.flush()
+        try:
+            done = subprocess.run(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE if capture else stream,
+                stderr=stream,
+                text=True,
+                timeout=timeout,
+                env=dict(env),
+                cwd=locations.REPO_ROOT,
+                check=False,
+            )
+        except FileNotFoundError:
+            raise ImageError(f"{what}: {argv[0]} is not installed (`make deps`)") from None
+        except subprocess.TimeoutExpired:
+            raise ImageError(f"{what}: timed out after {timeout:.0f} s; log: {log}") from None
+    if done.returncode != 0:
+        raise ImageError(f"{what}: {argv[0]} failed (exit {done.returncode}); log: {log}")
+    return done.stdout or ""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Buildah:
+    """buildah with its own storage, the vfs driver and chroot isolation: no daemon, no overlay
+    mounts, no user namespaces."""
+
+    root: Path
+
+    def argv(self, *arguments: str) -> list[str]:
+        return [
+            "buildah",
+            "--root",
+            str(self.root / "root"),
+            "--runroot",
+            str(self.root / "runroot"),
+            "--storage-driver",
+            "vfs",
+            *arguments,
+        ]
+
+    @property
+    def environment(self) -> dict[str, str]:
+        return {**os.environ, "STORAGE_DRIVER": "vfs", "BUILDAH_ISOLATION": "chroot"}
+
+    def run(
+        self,
+        *arguments: str,
+        what: str,
+        log: Path,
+        timeout: float = STEP_TIMEOUT_SECONDS,
+        capture: bool = False,
+    ) -> str:
+        return run_logged(
+            self.argv(*arguments),
+            what=what,
+            log=log,
+            timeout=timeout,
+            env=self.environment,
+            capture=capture,
+        )
+
+    def has_image(self, name: str) -> bool:
+        done = subprocess.run(
+            self.argv("inspect", "--type", "image", name),
+            capture_output=True,
+            env=self.environment,
+            timeout=STEP_TIMEOUT_SECONDS,
+            check=False,
+        )
+        return done.returncode == 0
+
+
+def storage() -> Buildah:
+    return Buildah(root=images_root() / "storage")
+
+
+# --- building ------------------------------------------------------------------------------
+
+
+def base_tarball_path() -> Path:
+    return images_root() / "base" / f"{BASE_SUITE}-{base_recipe_key()}.tar"
+
+
+def base_tarball() -> Path:
+    """The base's root filesystem, made by mmdebstrap once per recipe."""
+    tarball = base_tarball_path()
+    if tarball.exists():
+        return tarball
+    log = logs_dir() / f"{BASE_NAME}.log"
+    tarball.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=tarball.parent, prefix=".staging-") as staging:
+        output = Path(staging) / tarball.name
+        run_logged(
+            base_argv(output),
+            what=f"{BASE_NAME} (mmdebstrap {BASE_SUITE})",
+            log=log,
+            timeout=BASE_TIMEOUT_SECONDS,
+            env={**os.environ, "SOURCE_DATE_EPOCH": BASE_SOURCE_DATE_EPOCH},
+        )
+        output.rename(tarball)
+    return tarball
+
+
+def base_reference(tarball: Path) -> str:
+    """The base's reference, tagged by its content; computed once per tarball."""
+    digest_file = tarball.with_suffix(".sha256")
+    if not digest_file.exists():
+        digest_file.write_text(file_digest(tarball) + "\n")
+    return reference(BASE_NAME, digest_file.read_text().strip()[:TAG_LENGTH])
+
+
+def import_base(buildah: Buildah, tarball: Path, name: str) -> None:
+    """The tarball as an image in buildah's storage, configured as python:3.11-slim is."""
+    if buildah.has_image(name):
+        return
+    log = logs_dir() / f"{BASE_NAME}.log"
+    what = f"{BASE_NAME} (import)"
+    container = buildah.run("from", "scratch", what=what, log=log, capture=True).strip()
+    try:
+        buildah.run("add", "--quiet", container, str(tarball), "/", what=what, log=log)
+        configuration = [argument for pair in BASE_ENVIRONMENT for argument in ("--env", pair)]
+        buildah.run("config", *configuration, "--cmd", "python3", container, what=what, log=log)
+        buildah.run("commit", "--quiet", container, name, what=what, log=log)
+    finally:
+        subprocess.run(
+            buildah.argv("rm", container),
+            capture_output=True,
+            env=buildah.environment,
+            timeout=STEP_TIMEOUT_SECONDS,
+            check=False,
+        )
+
+
+def build_arguments(base: str) -> dict[str, str]:
+    return {"BASE": base}
+
+
+def image_tag(recipe: ImageRecipe, *, context: Path, base: str) -> str:
+    return input_tag(
+        context=context, dockerfile=recipe.dockerfile, base=base, build_args=build_arguments(base)
+    )
+
+
+def build_image(
+    buildah: Buildah, recipe: ImageRecipe, *, base: str, tag: str, context: Path
+) -> BuiltImage:
+    log = logs_dir() / f"{recipe.name}.log"
+    log.unlink(missing_ok=True)
+    name = reference(recipe.name, tag)
+    started = time.monotonic()
+    volumes = (
+        ["--volume", f"{HOST_CA_BUNDLE}:{HOST_CA_BUNDLE}:ro"] if HOST_CA_BUNDLE.is_file() else []
+    )
+    arguments = [f"{key}={value}" for key, value in build_arguments(base).items()]
+    buildah.run(
+        "bud",
+        "--isolation",
+        "chroot",
+        *(argument for pair in arguments for argument in ("--build-arg", pair)),
+        *volumes,
+        "--file",
+        recipe.dockerfile,
+        "--tag",
+        name,
+        str(context),
+        what=recipe.name,
+        log=log,
+        timeout=BUILD_TIMEOUT_SECONDS,
+    )
+    target = archive_path(recipe.name, tag)
+    staging = target.with_name(f".staging-{os.getpid()}-{target.name}")
+    try:
+        push = ("push", "--quiet", name, f"oci-archive:{staging}:{name}")
+        buildah.run(*push, what=recipe.name, log=log)
+        staging.rename(target)
+    finally:
+        staging.unlink(missing_ok=True)
+    seconds = time.monotonic() - started
+    # The archive is what counts; the storage copy (vfs: whole layers) only takes room.
+    buildah.run("rmi", "--force", name, what=f"{recipe.name} (clean up)", log=log)
+    buildah.run("rmi", "--prune", what=f"{recipe.name} (clean up)", log=log)
+    built = BuiltImage(
+        name=recipe.name,
+        reference=name,
+        archive=target,
+        image_bytes=unpacked_bytes(target),
+        archive_bytes=target.stat().st_size,
+        build_seconds=seconds,
+        cached=False,
+    )
+    target.with_suffix(".json").write_text(json.dumps(built.to_json(), indent=2) + "\n")
+    return built
+
+
+def cached_image(name: str, tag: str) -> BuiltImage | None:
+    target = archive_path(name, tag)
+    try:
+        document = json.loads(target.with_suffix(".json").read_text())
+    except (OSError, ValueError):
+        return None
+    return BuiltImage.from_json(document, cached=True) if target.exists() else None
+
+
+def build(
+    names: Sequence[str] | None = None,
+    *,
+    context: Path = locations.REPO_ROOT,
+    recipes: Sequence[ImageRecipe] = IMAGES,
+) -> list[BuiltImage]:
+    """Build the base if its recipe is new, then every image whose inputs are new."""
+    chosen = [recipe for recipe in recipes if names is None or recipe.name in names]
+    unknown = set(names or ()) - {recipe.name for recipe in recipes}
+    if unknown:
+        raise ImageError(f"unknown images: {', '.join(sorted(unknown))}")
+    require_tools()
+    tarball = base_tarball()
+    base = base_reference(tarball)
+    buildah = storage()
+    results: list[BuiltImage] = []
+    for recipe in chosen:
+        tag = image_tag(recipe, context=context, base=base)
+        built = cached_image(recipe.name, tag)
+        if built is None:
+            import_base(buildah, tarball, base)
+            built = build_image(buildah, recipe, base=base, tag=tag, context=context)
+            prune_archives(recipe.name, keep=KEPT_ARCHIVES)
+        results.append(built)
+        record_current(built)
+    return results
+
+
+def prune_archives(name: str, *, keep: int) -> list[Path]:
+    """Remove all but the `keep` newest archives of image `name` (and their records)."""
+    pattern = re.compile(rf"{re.escape(name)}-[0-9a-f]{{{TAG_LENGTH}}}\.oci\.tar")
+    archives = [path for path in images_root().iterdir() if pattern.fullmatch(path.name)]
+    archives.sort(key=lambda path: path.stat().st_mtime, reverse=True)
+    for old in archives[keep:]:
+        old.with_suffix(".json").unlink(missing_ok=True)
+        old.unlink(missing_ok=True)
+    return archives[keep:]
+
+
+def record_current(built: BuiltImage) -> None:
+    path = images_root() / "current.json"
+    try:
+        current = json.loads(path.read_text())
+    except (OSError, ValueError):
+        current = {}
+    current[built.name] = built.to_json()
+    staging = path.with_name(f".staging-{os.getpid()}-current.json")
+    staging.write_text(json.dumps(current, indent=2, sort_keys=True) + "\n")
+    staging.rename(path)
+
+
+def describe(built: BuiltImage) -> str:
+    megabytes = 1e6
+    how = (
+        f"cached (built in {built.build_seconds:.0f} s)"
+        if built.cached
+        else f"built in {built.build_seconds:.0f} s"
+    )
+    return (
+        f"{built.name}: {built.reference}, image {built.image_bytes / megabytes:.0f} MB, "
+        f"archive {built.archive_bytes / megabytes:.0f} MB, {how}\n  {built.archive}"
+    )

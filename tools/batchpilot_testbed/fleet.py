@@ -1,0 +1,457 @@
+"""Real Triton servers behind real Pods, for e2e tests and the cluster benchmarks: run by a real
+kubelet and containerd from the images built from this checkout, on the local cluster's real node
+(`batchpilot_cluster.realnodes`), or on kind from the images that `python -m
+batchpilot_testbed.kind up` built."""
+
+import contextlib
+import copy
+import dataclasses
+import datetime
+import json
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+
+from batchpilot.kube import pods
+from batchpilot_cluster import building, controlplane, images, podsandboxes, realnodes
+from batchpilot_harness import local_triton, processes
+from batchpilot_testbed import waiting
+from batchpilot_testbed.kubes import Kube
+from batchpilot_triton import endpoints, modelconfigs
+
+MODEL = "gpu_sim"
+PROFILES: dict[str, dict[str, Any]] = {
+    "interactive": {"maxQueueDelayMicroseconds": 2000, "preferredBatchSizes": [4, 8]},
+    "bulk": {"maxQueueDelayMicroseconds": 20000, "preferredBatchSizes": [32, 64]},
+}
+"""The two profiles that the e2e policies and the benchmarks switch between."""
+QUEUE_DELAY = {name: profile["maxQueueDelayMicroseconds"] for name, profile in PROFILES.items()}
+BASE_SPEC: dict[str, Any] = {
+    "target": {
+        "selector": {"matchLabels": {"app": "triton"}},
+        "port": "http",
+        "models": [MODEL],
+    },
+    "profiles": PROFILES,
+    "defaultProfile": "bulk",
+    "minDwellSeconds": 0,
+    "rollout": {"maxUnavailable": 2},
+}
+"""The spec of the e2e tests' policies over the Pods `start_tritons` starts, bulk by default."""
+
+
+def interactive_window() -> tuple[datetime.datetime, dict[str, str]]:
+    """A schedule window of `interactive` opening at a minute boundary at least 50 s away (time
+    for a fleet to settle on bulk and for a lead to start its rollout first), and when it opens."""
+    now = datetime.datetime.now(datetime.UTC)
+    opens = (now + datetime.timedelta(seconds=50)).replace(second=0, microsecond=0)
+    opens += datetime.timedelta(minutes=1)
+    window = {
+        "profile": "interactive",
+        "start": opens.strftime("%H:%M"),
+        "end": (opens + datetime.timedelta(minutes=10)).strftime("%H:%M"),
+    }
+    return opens, window
+
+
+def policy(name: str = "fleet", **spec: Any) -> dict[str, Any]:
+    """A BatchPolicy document: BASE_SPEC with `spec`'s top-level fields replacing its own."""
+    return {
+        "apiVersion": "batchpilot.dev/v1alpha1",
+        "kind": "BatchPolicy",
+        "metadata": {"name": name},
+        "spec": {**copy.deepcopy(BASE_SPEC), **spec},
+    }
+
+
+REPOSITORY_HEADER = "batchpilot-repository-token"
+"""The header a locked Triton's model-repository API expects (the API's default)."""
+REPOSITORY_TOKEN_VARIABLE = "TRITON_REPOSITORY_TOKEN"
+"""The triton container's variable for the header's value, from a Secret, as in the manifest."""
+
+# Set by `python -m batchpilot_testbed.kind test`: the images of real Triton Pods on kind.
+TRITON_IMAGE_ENV = "BATCHPILOT_E2E_TRITON_IMAGE"
+SIDECAR_IMAGE_ENV = "BATCHPILOT_E2E_SIDECAR_IMAGE"
+TRITON_IMAGE = "batchpilot-triton"
+SIDECAR_IMAGE = "batchpilot-sidecar"
+
+
+class PlacementError(Exception):
+    """Triton Pods cannot run on this cluster; says what is missing."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Placement:
+    """Where Triton Pods run, and from which images."""
+
+    triton_image: str
+    sidecar_image: str
+    node_selector: dict[str, str] | None = None
+    """The local cluster's real node (tainted for GPU Pods, which these tolerate); kind: any."""
+
+
+def placement(kube: Kube) -> Placement:
+    """The local cluster: its real node, with this checkout's images imported into its
+    containerd if it lacks them. Elsewhere: the images `python -m batchpilot_testbed.kind test`
+    named."""
+    if kube.local is not None:
+        return _real_node_placement(kube.local.state_dir)
+    triton, sidecar = os.environ.get(TRITON_IMAGE_ENV), os.environ.get(SIDECAR_IMAGE_ENV)
+    if not triton or not sidecar:
+        raise PlacementError(
+            f"no Triton images for this cluster: set ${TRITON_IMAGE_ENV} and "
+            f"${SIDECAR_IMAGE_ENV} (python -m batchpilot_testbed.kind test)"
+        )
+    return Placement(triton_image=triton, sidecar_image=sidecar)
+
+
+def _real_node_placement(state_dir: Path) -> Placement:
+    node = controlplane.Cluster.load(state_dir).node
+    ctr = building.require_binaries() / "ctr"
+    references = {}
+    for name in (TRITON_IMAGE, SIDECAR_IMAGE):
+        try:
+            built = images.archive(name)
+            # Imported once per node: a node cleaned and started again has none.
+            if not realnodes.has_image(node, ctr=ctr, reference=built.reference):
+                started = time.monotonic()
+                realnodes.import_image(node, ctr=ctr, archive=built.archive)
+                took = time.monotonic() - started
+                print(f"\nimported {built.reference} in {took:.1f} s", flush=True)
+        except (images.ImageError, realnodes.NodeError) as error:
+            raise PlacementError(f"{error} (`make images` builds them)") from None
+        references[name] = built.reference
+    key, value = realnodes.NODE_LABEL
+    return Placement(
+        triton_image=references[TRITON_IMAGE],
+        sidecar_image=references[SIDECAR_IMAGE],
+        node_selector={key: value},
+    )
+
+
+def pods_run_here(local: bool) -> bool:
+    """Whether Triton Pods really run on this cluster: the local one, or kind with images."""
+    return local or bool(os.environ.get(TRITON_IMAGE_ENV))
+
+
+def triton_url(ip: str) -> str:
+    """Where the Triton of the Pod at `ip` serves HTTP."""
+    return f"http://{ip}:{endpoints.TRITON_HTTP_PORT}"
+
+
+def sidecar_url(ip: str) -> str:
+    return f"http://{ip}:{endpoints.SIDECAR_PORT}"
+
+
+def tritonserver_arguments(
+    *, models: Sequence[str], grpc_max_connection_age_ms: int | None, locked: bool
+) -> list[str]:
+    """The triton container's arguments, as manifests/triton-deployment.yaml gives them
+    (Kubernetes expands the token variable from the container's environment)."""
+    token = f"$({REPOSITORY_TOKEN_VARIABLE})"
+    credential = (REPOSITORY_HEADER, token) if locked else None
+    return [
+        "--model-repository=/models",
+        "--model-control-mode=explicit",
+        *(f"--load-model={model}" for model in models),
+        f"--http-port={endpoints.TRITON_HTTP_PORT}",
+        f"--grpc-port={endpoints.TRITON_GRPC_PORT}",
+        f"--metrics-port={endpoints.TRITON_METRICS_PORT}",
+        "--metrics-config=summary_latencies=true",
+        *local_triton.restricted_repository_arguments(credential),
+        *local_triton.grpc_age_arguments(grpc_max_connection_age_ms),
+    ]
+
+
+def triton_pod(
+    name: str,
+    *,
+    placement: Placement,
+    labels: dict[str, str],
+    gated: bool,
+    models: Sequence[str] = (MODEL,),
+    grpc_max_connection_age_ms: int | None = None,
+    repository_secret: str | None = None,
+) -> client.V1Pod:
+    """A Triton Pod: the triton container runs manifests/triton-deployment.yaml's command,
+    flags and readiness probe in the CPU Triton image (tools/batchpilot_cluster/triton.Dockerfile,
+    whose /models
+    holds the demo models), beside the sidecar. `grpc_max_connection_age_ms` runs Triton with
+    `--grpc-max-connection-age`; `repository_secret` locks its model-repository API to
+    REPOSITORY_HEADER, the value from that Secret's key `token`, as the manifest does."""
+    triton = client.V1Container(
+        name="triton",
+        image=placement.triton_image,
+        image_pull_policy="Never",  # imported into the node's runtime: there is no registry
+        command=["tritonserver"],
+        args=tritonserver_arguments(
+            models=models,
+            grpc_max_connection_age_ms=grpc_max_connection_age_ms,
+            locked=repository_secret is not None,
+        ),
+        env=[
+            client.V1EnvVar(
+                name=REPOSITORY_TOKEN_VARIABLE,
+                value_from=client.V1EnvVarSource(
+                    secret_key_ref=client.V1SecretKeySelector(name=repository_secret, key="token")
+                ),
+            )
+        ]
+        if repository_secret
+        else None,
+        ports=[
+            client.V1ContainerPort(name="http", container_port=endpoints.TRITON_HTTP_PORT),
+            client.V1ContainerPort(name="grpc", container_port=endpoints.TRITON_GRPC_PORT),
+            client.V1ContainerPort(name="metrics", container_port=endpoints.TRITON_METRICS_PORT),
+        ],
+        # The manifest's probe, polled each second rather than each five (a test waits less),
+        # with as much patience before a serving Triton counts as unready: three failures of
+        # five seconds each. A new container is unready until its first success either way.
+        readiness_probe=client.V1Probe(
+            http_get=client.V1HTTPGetAction(path="/v2/health/ready", port="http"),
+            period_seconds=1,
+            timeout_seconds=5,
+        ),
+    )
+    sidecar = client.V1Container(
+        name="batchpilot-sidecar",
+        image=placement.sidecar_image,
+        image_pull_policy="Never",
+        args=[
+            f"--triton-url={triton_url('127.0.0.1')}",
+            f"--listen={endpoints.EVERY_ADDRESS}:{endpoints.SIDECAR_PORT}",
+            "--rate-window=5",
+        ],
+        ports=[client.V1ContainerPort(name="sidecar", container_port=endpoints.SIDECAR_PORT)],
+    )
+    gates = [client.V1PodReadinessGate(condition_type=pods.GATE)] if gated else None
+    return client.V1Pod(
+        metadata=client.V1ObjectMeta(name=name, labels=labels),
+        spec=client.V1PodSpec(
+            containers=[triton, sidecar],
+            readiness_gates=gates,
+            termination_grace_period_seconds=5,
+            node_selector=placement.node_selector,
+            tolerations=[
+                client.V1Toleration(key=realnodes.TAINT_KEY, operator="Exists", effect="NoSchedule")
+            ],
+            enable_service_links=False,
+            automount_service_account_token=False,
+        ),
+    )
+
+
+def create_service(
+    kube: Kube, namespace: str, *, selector: dict[str, str], name: str = "triton"
+) -> str:
+    """A ClusterIP Service for Triton's HTTP and gRPC ports on the Pods `selector` picks; its
+    cluster IP. Its endpoints are the Ready Pods (kube-controller-manager), and kube-proxy routes
+    new connections to them."""
+    service = client.V1Service(
+        metadata=client.V1ObjectMeta(name=name),
+        spec=client.V1ServiceSpec(
+            selector=selector,
+            ports=[
+                client.V1ServicePort(name=port, port=number, target_port=port, protocol="TCP")
+                for port, number in (
+                    ("http", endpoints.TRITON_HTTP_PORT),
+                    ("grpc", endpoints.TRITON_GRPC_PORT),
+                )
+            ],
+        ),
+    )
+    created = kube.core.create_namespaced_service(namespace, service)
+    assert created.spec is not None
+    return str(created.spec.cluster_ip)
+
+
+def ready_endpoints(kube: Kube, namespace: str, service: str) -> set[str]:
+    """The addresses a Service's EndpointSlices list as ready."""
+    slices = client.DiscoveryV1Api(kube.api_client).list_namespaced_endpoint_slice(
+        namespace, label_selector=f"kubernetes.io/service-name={service}"
+    )
+    return {
+        address
+        for endpoint_slice in slices.items
+        for endpoint in endpoint_slice.endpoints or []
+        if endpoint.conditions is not None and endpoint.conditions.ready
+        for address in endpoint.addresses
+    }
+
+
+def http_json(url: str, *, timeout: float = 2.0) -> Any:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return json.loads(response.read().decode())
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+def answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def triton_ready(ip: str) -> bool:
+    """Triton serves, and so does the sidecar beside it."""
+    return answers(f"{triton_url(ip)}/v2/health/ready") and answers(f"{sidecar_url(ip)}/healthz")
+
+
+def start_tritons(
+    kube: Kube,
+    namespace: str,
+    count: int,
+    *,
+    gated: bool = False,
+    labels: dict[str, str] | None = None,
+    prefix: str = "triton",
+    grpc_max_connection_age_ms: int | None = None,
+    repository_secret: str | None = None,
+) -> dict[str, str]:
+    """Create `count` Triton Pods and wait until each serves; their IPs by name."""
+    labels = labels or {"app": "triton"}
+    names = [f"{prefix}-{index}" for index in range(count)]
+    where = placement(kube)
+    for name in names:
+        pod = triton_pod(
+            name,
+            placement=where,
+            labels=labels,
+            gated=gated,
+            grpc_max_connection_age_ms=grpc_max_connection_age_ms,
+            repository_secret=repository_secret,
+        )
+        kube.core.create_namespaced_pod(namespace, pod)
+
+    def all_serving() -> dict[str, str] | None:
+        ips: dict[str, str] = {}
+        for name in names:
+            status = kube.core.read_namespaced_pod(name, namespace).status
+            ip = status.pod_ip if status else None
+            if not status or not ip or status.phase != "Running" or not triton_ready(ip):
+                return None
+            ips[name] = ip
+        return ips
+
+    return waiting.wait_for(f"{count} Triton pods serving", all_serving, timeout=90)
+
+
+def served_config(ip: str, model: str = MODEL) -> dict[str, Any] | None:
+    config = http_json(f"{triton_url(ip)}/v2/models/{model}/config")
+    return config if isinstance(config, dict) else None
+
+
+def served_profile(ip: str, model: str = MODEL) -> str | None:
+    return modelconfigs.applied_profile(served_config(ip, model) or {})
+
+
+def queue_delay(ip: str, model: str = MODEL) -> int | None:
+    config = served_config(ip, model) or {}
+    delay = (config.get("dynamic_batching") or {}).get("max_queue_delay_microseconds")
+    return int(delay) if delay is not None else None
+
+
+def everyone_serves(ips: dict[str, str], profile: str) -> Callable[[], bool]:
+    """A check that every Pod's Triton serves `profile` (one of PROFILES): named, and with its
+    queue delay."""
+
+    def check() -> bool:
+        return all(
+            served_profile(ip) == profile and queue_delay(ip) == QUEUE_DELAY[profile]
+            for ip in ips.values()
+        )
+
+    return check
+
+
+def pod_condition(kube: Kube, namespace: str, pod: str, kind: str) -> str | None:
+    status = kube.core.read_namespaced_pod(pod, namespace).status
+    for condition in (status.conditions if status else None) or []:
+        if condition.type == kind:
+            return str(condition.status)
+    return None
+
+
+def gate_open(kube: Kube, namespace: str, pod: str) -> bool:
+    """Whether batchpilot holds the Pod's readiness gate True."""
+    return pod_condition(kube, namespace, pod, pods.GATE) == "True"
+
+
+def process_in_pod(ip: str, program: str) -> int:
+    """The pid of the process of the Pod at `ip` (on the local cluster's real node) that runs
+    `program`: an executable's name (tritonserver) or a Python module's (batchpilot_sidecar)."""
+
+    def runs(pid: int) -> bool:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return False
+        return program in [Path(arg.decode(errors="replace")).name for arg in argv[:3]]
+
+    running = {pid for pid in podsandboxes.pids(ip) if runs(pid)}
+    # Triton forks before it execs a Python stub: for that instant the child's cmdline is its
+    # parent's. The program is the process whose parent is not itself a copy.
+    (pid,) = [
+        pid for pid in running if (found := processes.stat(pid)) and found.parent not in running
+    ]
+    return pid
+
+
+def pod_log(kube: Kube, namespace: str, pod: str, container: str) -> str:
+    """What the current run of a Pod's container has written so far (the kubelet's log)."""
+    try:
+        return str(kube.core.read_namespaced_pod_log(pod, namespace, container=container))
+    except client.ApiException:
+        return ""
+
+
+class ReadyAfterRestart:
+    """Watches one Pod from a thread while a test breaks it: each time the kubelet calls the Pod
+    Ready after its triton container restarted, which profile its Triton serves. A Pod Ready on
+    any other than the decided one takes requests on the repository's settings."""
+
+    def __init__(self, kube: Kube, namespace: str, pod: str, ip: str, *, decided: str) -> None:
+        self.kube, self.namespace, self.pod, self.ip = kube, namespace, pod, ip
+        self.decided = decided
+        self.first_run = self._restarts()
+        self.restarted = False
+        self.ready_samples = 0
+        self.wrong: list[str | None] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _restarts(self) -> int:
+        status = self.kube.core.read_namespaced_pod(self.pod, self.namespace).status
+        return sum(
+            container.restart_count
+            for container in (status.container_statuses if status else None) or []
+            if container.name == "triton"
+        )
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.1):
+            with contextlib.suppress(client.ApiException, OSError):
+                if self._restarts() == self.first_run:
+                    continue
+                self.restarted = True
+                if pod_condition(self.kube, self.namespace, self.pod, "Ready") != "True":
+                    continue
+                self.ready_samples += 1
+                served = served_profile(self.ip)
+                if served != self.decided:
+                    self.wrong.append(served)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)

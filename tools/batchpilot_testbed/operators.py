@@ -1,0 +1,177 @@
+"""The batchpilot operator as the e2e tests run it: a real process, as its own ServiceAccount.
+
+The operator authenticates with a token of the `batchpilot-operator` ServiceAccount, bound to
+the ClusterRole in `manifests/rbac.yaml`, so every e2e test also proves that role is enough.
+"""
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from batchpilot_harness import local_triton
+from batchpilot_testbed.kubes import Kube
+
+REPO = Path(__file__).resolve().parents[2]
+SERVICE_ACCOUNT = "batchpilot-operator"
+SYSTEM_NAMESPACE = "batchpilot-system"
+
+
+def install_api(kube: Kube) -> None:
+    """The CRDs from crds/ (Established) and the operator's RBAC from manifests/."""
+    for path in sorted((REPO / "crds").glob("*.yaml")):
+        applied = kube.kubectl_run("apply", "--server-side", "-f", str(path))
+        assert applied.returncode == 0, applied.stderr
+    waited = kube.kubectl_run(
+        "wait", "--for=condition=Established", "--timeout=30s", "crd", "--all"
+    )
+    assert waited.returncode == 0, waited.stderr
+    created = kube.kubectl_run("create", "namespace", SYSTEM_NAMESPACE)
+    assert created.returncode == 0 or "AlreadyExists" in created.stderr, created.stderr
+    applied = kube.kubectl_run("apply", "-f", str(REPO / "manifests" / "rbac.yaml"))
+    assert applied.returncode == 0, applied.stderr
+
+
+def install_and_log_in(kube: Kube, kubeconfig: Path) -> Path:
+    """The API installed (`install_api`), and `kubeconfig` written to log in as the operator's
+    ServiceAccount; its path."""
+    install_api(kube)
+    return service_account_kubeconfig(kube, kubeconfig)
+
+
+def service_account_kubeconfig(
+    kube: Kube,
+    path: Path,
+    *,
+    service_account: str = SERVICE_ACCOUNT,
+    namespace: str = SYSTEM_NAMESPACE,
+) -> Path:
+    """A kubeconfig that is the operator's ServiceAccount, on the cluster under test."""
+    token = kube.kubectl_run("create", "token", service_account, "-n", namespace, "--duration=6h")
+    assert token.returncode == 0, token.stderr
+    admin = yaml.safe_load(kube.kubeconfig.read_text())
+    context = next(c for c in admin["contexts"] if c["name"] == kube.context)["context"]
+    cluster = next(c for c in admin["clusters"] if c["name"] == context["cluster"])
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [cluster],
+        "users": [{"name": service_account, "user": {"token": token.stdout.strip()}}],
+        "contexts": [
+            {
+                "name": f"{service_account}@{kube.context}",
+                "context": {"cluster": cluster["name"], "user": service_account},
+            }
+        ],
+        "current-context": f"{service_account}@{kube.context}",
+    }
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
+
+
+class OperatorProcess:
+    """`batchpilot operator` in a process of its own, logging to a file."""
+
+    def __init__(
+        self,
+        *,
+        kubeconfig: Path,
+        log_path: Path,
+        namespaces: Sequence[str],
+        interval: float = 2.0,
+        standalone: bool = True,
+        extra: Sequence[str] = (),
+    ) -> None:
+        self.log_path = log_path
+        self.metrics_port, self.liveness_port = local_triton.free_ports("127.0.0.1", 2)
+        argv = [
+            sys.executable, "-m", "batchpilot", "operator",
+            "--interval", str(interval),
+            "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
+            "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz",
+            *(["--standalone"] if standalone else []),
+            *[argument for namespace in namespaces for argument in ("--namespace", namespace)],
+            *extra,
+        ]  # fmt: skip
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+        with log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def healthy(self) -> bool:
+        url = f"http://127.0.0.1:{self.liveness_port}/healthz"
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+        return False
+
+    def metrics(self) -> str:
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return str(response.read().decode())
+
+    def kill(self) -> None:
+        """SIGKILL, as an OOM kill or a node loss would: no chance to clean up."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=10)
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.process.returncode
+
+
+def apply_policy(kube: Kube, namespace: str, document: dict[str, Any]) -> None:
+    applied = kube.kubectl_run("apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(document))
+    assert applied.returncode == 0, applied.stderr
+
+
+def create_peering(kube: Kube, namespace: str, name: str = "batchpilot") -> None:
+    """The KopfPeering through which operator replicas (not --standalone) elect one active."""
+    peering = {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": name}}
+    apply_policy(kube, namespace, peering)
+
+
+def policy_status(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
+    got = kube.kubectl_run("get", "bp", name, "-n", namespace, "-o", "yaml")
+    assert got.returncode == 0, got.stderr
+    status: dict[str, Any] = (yaml.safe_load(got.stdout) or {}).get("status") or {}
+    return status
+
+
+def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
+    for item in status.get("conditions") or []:
+        if item.get("type") == kind:
+            return dict(item)
+    return {}
+
+
+def events(kube: Kube, namespace: str, reason: str) -> list[str]:
+    listed = kube.core.list_namespaced_event(namespace).items
+    return [e.message or "" for e in listed if e.reason == reason]
+
+
+def now() -> float:
+    return time.time()
