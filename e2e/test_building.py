@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from batchpilot_cluster import building, versions
-from batchpilot_cluster.grafana import building as grafana_building
+from batchpilot_cluster.grafana import grafana_builds
 
 KUBERNETES_GO_MOD = """\
 module k8s.io/kubernetes
@@ -68,14 +68,14 @@ def test_a_cache_without_a_new_command_builds_that_command_alone(tmp_path: Path)
 
 
 def test_grafana_is_built_from_the_commit_its_pseudo_version_names() -> None:
-    assert grafana_building.commit_of(versions.GRAFANA) == versions.GRAFANA[-12:]
-    assert grafana_building.commit_of("v0.0.0-20250220163425-b4c4b9abbdc8") == "b4c4b9abbdc8"
+    assert grafana_builds.commit_of(versions.GRAFANA) == versions.GRAFANA[-12:]
+    assert grafana_builds.commit_of("v0.0.0-20250220163425-b4c4b9abbdc8") == "b4c4b9abbdc8"
     with pytest.raises(building.BuildError):
-        grafana_building.commit_of("v12.2.0")
+        grafana_builds.commit_of("v12.2.0")
 
 
 def test_wire_is_built_with_the_pinned_go_tools() -> None:
-    rendered = grafana_building.render_wire_go_mod()
+    rendered = grafana_builds.render_wire_go_mod()
     assert f"github.com/google/wire {versions.WIRE}" in rendered
     assert f"golang.org/x/tools {versions.WIRE_GO_TOOLS}" in rendered
 
@@ -85,4 +85,4 @@ def test_a_missing_grafana_names_the_make_target(
 ) -> None:
     monkeypatch.setenv("BATCHPILOT_CACHE", str(tmp_path))
     with pytest.raises(building.BuildError, match="make grafana"):
-        grafana_building.require()
+        grafana_builds.require()

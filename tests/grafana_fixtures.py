@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import pytest
 
 from batchpilot_cluster import building as go_building
-from batchpilot_cluster.grafana import building
+from batchpilot_cluster.grafana import grafana_builds
 from batchpilot_harness import local_triton
 
 ADMIN = "admin"
@@ -139,7 +139,7 @@ def _health(url: str) -> dict[str, Any] | None:
 @pytest.fixture
 def grafana_server(tmp_path: Path) -> Iterator[StartGrafana]:
     try:
-        grafana = building.require()
+        grafana = grafana_builds.require()
     except go_building.BuildError as error:
         pytest.fail(f"{error}. Grafana is what loads the chart's dashboard and alerts here.")
     stopping: list[subprocess.Popen[bytes]] = []

@@ -20,11 +20,12 @@ from pathlib import Path
 from aiohttp import web
 
 from batchpilot_sidecar import (
+    advising,
     collecting,
     gpus,
     llm_recommending,
     recommending,
-    statuses,
+    status_document,
     telemetry,
 )
 from batchpilot_triton import exposition, reports, repositories, servers
@@ -52,11 +53,11 @@ def application(
 
     async def status(request: web.Request) -> web.Response:
         try:
-            objective = statuses.parse_objective(request.query, default_objective)
-            llm_objective = statuses.parse_llm_objective(request.query, default_llm_objective)
+            objective = advising.parse_objective(request.query, default_objective)
+            llm_objective = advising.parse_llm_objective(request.query, default_llm_objective)
         except ValueError as error:
             return web.json_response({"error": str(error)}, status=400)
-        body = reports.as_json(statuses.document(collector, objective, llm_objective))
+        body = reports.as_json(status_document.document(collector, objective, llm_objective))
         return web.json_response(body, dumps=lambda value: json.dumps(value, indent=2))
 
     async def healthz(_: web.Request) -> web.Response:

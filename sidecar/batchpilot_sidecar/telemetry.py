@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from batchpilot_sidecar import collecting, gpus, llm_recommending, recommending, statuses, steptimes
+from batchpilot_sidecar import advising, collecting, gpus, llm_recommending, recommending, steptimes
 from batchpilot_triton import reports, scraping
 
 PREFIX = "batchpilot_sidecar"
@@ -269,9 +269,9 @@ def _model_families(
     families.add(
         "compute_seconds_per_execution", model, _seconds(state.compute_ms_per_execution(now))
     )
-    latency = statuses.latency(rates, summaries_enabled=collector.summaries_enabled)
+    latency = advising.latency(rates, summaries_enabled=collector.summaries_enabled)
     for quantile_name, value in latency.quantiles_ms.items():
-        quantile = str(statuses.QUANTILES[quantile_name])
+        quantile = str(advising.QUANTILES[quantile_name])
         families.add("request_latency_seconds", [name, quantile, latency.source], value / 1000)
     fit = state.step_time
     families.add("step_time_fitted", model, 1.0 if isinstance(fit, steptimes.Fit) else 0.0)
@@ -282,8 +282,8 @@ def _model_families(
         families.add("step_time_r_squared", model, fit.r_squared)
         families.add("step_time_rmse_seconds", model, fit.rmse_ms / 1000)
         families.add("step_time_batch_sizes", model, len(fit.batch_sizes))
-    recommendation = statuses.recommend(state, now=now, gpu=collector.gpu, objective=objective)
-    if isinstance(recommendation, statuses.Recommendation):
+    recommendation = advising.recommend(state, now=now, gpu=collector.gpu, objective=objective)
+    if isinstance(recommendation, advising.Recommendation):
         if recommendation.preferred is not None:
             families.add("recommended_batch_size", model, recommendation.preferred.size)
         families.add("memory_batch_cap", model, recommendation.memory_cap)
@@ -324,7 +324,7 @@ def _llm_families(
         families.add("llm_step_time_per_sequence_seconds", model, fit.model.c_ms / 1000)
         families.add("llm_step_time_exponent", model, fit.model.alpha)
         families.add("llm_step_time_r_squared", model, fit.r_squared)
-    recommendation = statuses.recommend_llm(state, rates, objective)
+    recommendation = advising.recommend_llm(state, rates, objective)
     if recommendation.max_num_seqs is not None:
         families.add("recommended_max_num_seqs", model, recommendation.max_num_seqs.value)
     if recommendation.max_num_batched_tokens is not None:

@@ -43,7 +43,7 @@ import benchmarking
 
 from batchpilot.applying import actuators, engines
 from batchpilot.policy import rendering, specs
-from batchpilot_harness import llm_load, llm_models, local_triton, processes
+from batchpilot_harness import llm_load, llm_models, local_triton, procfs
 from batchpilot_triton import scraping, servers
 
 PROFILES: dict[str, dict[str, Any]] = {
@@ -122,9 +122,9 @@ def engine_cpu(server: local_triton.LocalTriton) -> dict[int, float]:
     """CPU seconds of each of the server's processes: tritonserver, its stubs and their engine
     cores."""
     found = {}
-    for pid in processes.group_members(server.pid):
+    for pid in procfs.group_members(server.pid):
         with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
-            found[pid] = processes.cpu_seconds(pid)
+            found[pid] = procfs.cpu_seconds(pid)
     return found
 
 

@@ -53,7 +53,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from batchpilot.applying import actuators
 from batchpilot.policy import rendering, specs
-from batchpilot_harness import demo_models, processes
+from batchpilot_harness import demo_models, procfs
 from batchpilot_testbed import fleet, operators, waiting
 from batchpilot_testbed.kubes import Kube
 from batchpilot_triton import modelconfigs, servers
@@ -113,8 +113,8 @@ class Sample:
         pid = operator.process.pid
         return cls(
             time.monotonic(),
-            processes.cpu_seconds(pid),
-            processes.resident_bytes(pid),
+            procfs.cpu_seconds(pid),
+            procfs.resident_bytes(pid),
             reconciles(operator.metrics()),
         )
 
@@ -390,7 +390,7 @@ def run_size(
         peak = before.rss
         while until_boundary > 1.0:
             time.sleep(min(1.0, until_boundary - 1.0))
-            peak = max(peak, processes.resident_bytes(operator.process.pid))
+            peak = max(peak, procfs.resident_bytes(operator.process.pid))
             until_boundary = (opens - datetime.datetime.now(datetime.UTC)).total_seconds()
         steady_end = Sample.of(operator)
         boundary = time.monotonic() + until_boundary
@@ -403,7 +403,7 @@ def run_size(
             if _settled(_statuses(kube, namespaces), count, "interactive"):
                 statuses_converged = time.monotonic() - boundary
                 break
-            peak = max(peak, processes.resident_bytes(operator.process.pid))
+            peak = max(peak, procfs.resident_bytes(operator.process.pid))
             time.sleep(0.25)
         after = Sample.of(operator)
         warnings, examples = warning_events(kube, namespaces)

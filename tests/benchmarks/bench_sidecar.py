@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from batchpilot_harness import demo_models, loadgen, local_sidecar, local_triton, processes
+from batchpilot_harness import demo_models, loadgen, local_sidecar, local_triton, procfs
 
 MODELS = [f"gpu_sim_{i}" for i in range(10)]
 WARM_UP_SECONDS = 8.0
@@ -98,8 +98,8 @@ async def load(server: local_triton.LocalTriton, seconds: float) -> None:
 
 async def measure(sidecar: str, pid: int, seconds: float) -> Measurement:
     rss_start, cpu_start, started = (
-        processes.resident_bytes(pid),
-        processes.cpu_seconds(pid),
+        procfs.resident_bytes(pid),
+        procfs.cpu_seconds(pid),
         time.monotonic(),
     )
     peak = rss_start
@@ -108,15 +108,15 @@ async def measure(sidecar: str, pid: int, seconds: float) -> Measurement:
         await asyncio.sleep(1.0)
         status = await asyncio.to_thread(fetch, f"{sidecar}/status?sloP95Ms=50")
         metrics = await asyncio.to_thread(fetch, f"{sidecar}/metrics")
-        peak = max(peak, processes.resident_bytes(pid))
+        peak = max(peak, procfs.resident_bytes(pid))
     elapsed = time.monotonic() - started
-    cpu = processes.cpu_seconds(pid) - cpu_start
+    cpu = procfs.cpu_seconds(pid) - cpu_start
     models = json.loads(status)["models"]
     return Measurement(
         seconds=elapsed,
         cpu_seconds=cpu,
         rss_start=rss_start,
-        rss_end=processes.resident_bytes(pid),
+        rss_end=procfs.resident_bytes(pid),
         rss_peak=peak,
         status_bytes=len(status),
         metrics_bytes=len(metrics),

@@ -14,7 +14,7 @@ import pytest
 
 from batchpilot.applying import actuators, overrides
 from batchpilot.policy import rendering, specs
-from batchpilot_harness import demo_models, loadgen, local_triton, processes
+from batchpilot_harness import demo_models, loadgen, local_triton, procfs
 from batchpilot_triton import modelconfigs, servers
 from triton_fixtures import TritonFactory
 
@@ -49,7 +49,7 @@ PATIENT_INTERACTIVE = specs.Profile.model_validate(
 
 def stub_processes(server: local_triton.LocalTriton) -> set[int]:
     """The server's Python-backend stubs: a real reload replaces them."""
-    return set(processes.group_members(server.pid)) - {server.pid}
+    return set(procfs.group_members(server.pid)) - {server.pid}
 
 
 def model_ready(server: local_triton.LocalTriton) -> bool | None:

@@ -35,7 +35,7 @@ import yaml
 
 import dashboard_plots
 import monitored_stacks
-from batchpilot_charts import alerts, dashboards, rendering
+from batchpilot_charts import alerts, dashboards, formats
 from batchpilot_harness import loadgen
 from batchpilot_testbed import charts
 from grafana_fixtures import GrafanaServer, StartGrafana
@@ -150,7 +150,7 @@ def provisioning(
             {
                 # Beside the alert rules, as the chart's values suggest (grafana_folder).
                 "name": "batchpilot",
-                "folder": rendering.GRAFANA_FOLDER,
+                "folder": formats.GRAFANA_FOLDER,
                 "type": "file",
                 "disableDeletion": True,
                 "options": {"path": str(dashboard_dir)},
@@ -323,7 +323,7 @@ async def test_grafana_loads_the_dashboard_and_every_panel_query_returns_data_th
         opened = grafana.get(f"/api/dashboards/uid/{dashboards.DASHBOARD_UID}")
         dashboard = opened["dashboard"]
         assert opened["meta"]["provisioned"], opened["meta"]
-        assert opened["meta"]["folderTitle"] == rendering.GRAFANA_FOLDER
+        assert opened["meta"]["folderTitle"] == formats.GRAFANA_FOLDER
         assert [panel["title"] for panel in dashboard["panels"]] == [
             panel.title for panel in dashboards.PANELS
         ]

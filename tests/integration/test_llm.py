@@ -23,7 +23,7 @@ from batchpilot import running, telemetry
 from batchpilot.applying import actuators, engines, overrides, rollouts
 from batchpilot.policy import rendering, specs
 from batchpilot.signals import sources
-from batchpilot_harness import llm_load, llm_models, local_sidecar, local_triton, processes
+from batchpilot_harness import llm_load, llm_models, local_sidecar, local_triton, procfs
 from batchpilot_sidecar import decodesteps, llm_recommending
 from batchpilot_triton import engine_metrics, modelconfigs, repositories, scraping, servers
 
@@ -160,7 +160,7 @@ async def room_for(server: local_triton.LocalTriton, *, sequences: int) -> int:
 
 def stubs(server: local_triton.LocalTriton) -> set[int]:
     """The Python stubs and engine processes of the server: a reload replaces them."""
-    return set(processes.group_members(server.pid)) - {server.pid}
+    return set(procfs.group_members(server.pid)) - {server.pid}
 
 
 def test_the_repository_model_json_is_what_the_engine_was_started_with(

@@ -19,7 +19,7 @@ import pytest
 import tritonclient.http
 from tritonclient.utils import InferenceServerException
 
-from batchpilot_harness import demo_models, local_triton, processes
+from batchpilot_harness import demo_models, local_triton, procfs
 from triton_fixtures import TritonFactory, triton_client
 
 pytestmark = pytest.mark.integration
@@ -61,7 +61,7 @@ def test_explicit_server_loads_only_the_requested_models(triton_server: TritonFa
 def test_stop_leaves_no_process_and_no_shared_memory_behind(triton_server: TritonFactory) -> None:
     server = triton_server(demo_models.GPU_SIM)
     infer_gpu_sim(server, np.zeros((1, 16), dtype=np.float32))
-    members = processes.group_members(server.pid)
+    members = procfs.group_members(server.pid)
     assert len(members) == 1 + 4  # the server and one stub per gpu_sim instance
     assert list(Path("/dev/shm").glob(f"{server.shared_memory_prefix}*"))
 
@@ -73,7 +73,7 @@ def test_stop_leaves_no_process_and_no_shared_memory_behind(triton_server: Trito
 
 def test_server_that_ignores_sigterm_is_killed_with_its_stubs(triton_server: TritonFactory) -> None:
     server = triton_server(demo_models.GPU_SIM)
-    members = processes.group_members(server.pid)
+    members = procfs.group_members(server.pid)
     os.kill(server.pid, signal.SIGSTOP)
 
     status = server.stop(grace_seconds=1.0)
@@ -149,7 +149,7 @@ def test_command_line_serves_until_sigterm_then_stops_everything(tmp_path: Path)
             assert command.poll() is None, output.read_text()
             time.sleep(0.1)
         server_pid = int(ready.group(1))
-        members = processes.group_members(server_pid)
+        members = procfs.group_members(server_pid)
         for url in (
             f"http://127.0.0.1:{http}/v2/health/ready",
             f"http://127.0.0.1:{metrics}/metrics",
@@ -184,7 +184,7 @@ def test_sigterm_to_a_program_that_runs_a_server_in_a_with_block_stops_the_serve
         try:
             assert command.stdout is not None
             server_pid = int(command.stdout.readline())
-            members = processes.group_members(server_pid)
+            members = procfs.group_members(server_pid)
             command.send_signal(signal.SIGTERM)
             status = command.wait(timeout=30)
         finally:

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from batchpilot_charts import dashboards, rendering
+from batchpilot_charts import dashboards, formats
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "charts" / "batchpilot" / "files" / "dashboard.json"
@@ -72,5 +72,5 @@ def test_dashboard_panels_do_not_overlap_and_every_query_uses_the_chosen_source(
 def test_dashboard_is_not_named_like_the_folder_of_the_alert_rules() -> None:
     # Grafana refuses a dashboard titled like its folder, and the chart suggests putting the
     # dashboard beside the alert rules (grafana.dashboard.annotations: grafana_folder).
-    assert dashboard()["title"] != rendering.GRAFANA_FOLDER
+    assert dashboard()["title"] != formats.GRAFANA_FOLDER
     assert dashboard()["uid"] == dashboards.DASHBOARD_UID

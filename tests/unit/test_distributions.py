@@ -47,7 +47,7 @@ def test_the_product_distribution_finds_only_product_packages() -> None:
 def test_the_demo_comes_from_the_tooling_not_the_product() -> None:
     assert "demo" not in ROOT["project"]["entry-points"]["batchpilot.commands"]
     assert TOOLS["project"]["entry-points"]["batchpilot.commands"]["demo"] == (
-        "batchpilot_harness.commands"
+        "batchpilot_harness.demo_command"
     )
 
 

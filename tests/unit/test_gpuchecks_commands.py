@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from batchpilot_harness.gpuchecks import commands, devices, plans, wheels
+from batchpilot_harness.gpuchecks import command_line, devices, plans, wheels
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def run_arguments(*argv: str) -> argparse.Namespace:
-    return commands.parser().parse_args(["run", *argv])
+    return command_line.parser().parse_args(["run", *argv])
 
 
 def test_the_plan_takes_the_devices_defaults_where_the_arguments_are_silent() -> None:
-    plan = commands.plan_of(run_arguments())
+    plan = command_line.plan_of(run_arguments())
     assert plan == plans.Plan(
         device="cuda",
         gpu=0,
@@ -32,7 +32,7 @@ def test_the_plan_takes_the_devices_defaults_where_the_arguments_are_silent() ->
     )
     assert plan.profiles == ["interactive", "bulk", "interactive", "bulk"]
     assert plan.load_seconds == 120.0
-    on_cpu = commands.plan_of(run_arguments("--device=cpu", "--rate=50", "--out=/tmp/x"))
+    on_cpu = command_line.plan_of(run_arguments("--device=cpu", "--rate=50", "--out=/tmp/x"))
     assert (on_cpu.device, on_cpu.rate, on_cpu.segment_seconds, on_cpu.hidden_width) == (
         "cpu",
         50.0,
@@ -43,7 +43,7 @@ def test_the_plan_takes_the_devices_defaults_where_the_arguments_are_silent() ->
 
 
 def test_explicit_arguments_win() -> None:
-    plan = commands.plan_of(
+    plan = command_line.plan_of(
         run_arguments(
             "--gpu=1",
             "--segment-seconds=45",
@@ -58,7 +58,7 @@ def test_explicit_arguments_win() -> None:
 
 
 def test_the_wheels_command_defaults_to_the_folder_python_and_budget() -> None:
-    arguments = commands.parser().parse_args(["wheels"])
+    arguments = command_line.parser().parse_args(["wheels"])
     assert (arguments.dest, arguments.python, arguments.budget_mib) == (
         Path(".gpu-wheels"),
         "3.11",
@@ -76,7 +76,7 @@ def no_gpu() -> devices.Detection:
 def test_without_a_gpu_it_exits_3_and_says_what_it_needs(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert commands.main(["run"], detect=no_gpu) == commands.EXIT_NO_GPU
+    assert command_line.main(["run"], detect=no_gpu) == command_line.EXIT_NO_GPU
     out, err = capsys.readouterr()
     assert "NVML: NVML could not be initialised: NVML Shared Library Not Found" in out
     assert err.startswith("gpu-check: no NVIDIA GPU here: NVML: NVML could not be initialised")
@@ -90,12 +90,12 @@ def test_a_gpu_index_it_does_not_have_is_a_usage_error(
     def one_gpu() -> devices.Detection:
         return devices.Detection(nvml_gpus=("NVIDIA H100 80GB HBM3",))
 
-    assert commands.main(["run", "--gpu=1"], detect=one_gpu) == commands.EXIT_USAGE
+    assert command_line.main(["run", "--gpu=1"], detect=one_gpu) == command_line.EXIT_USAGE
     assert "there is no GPU 1" in capsys.readouterr().err
 
 
 def test_nonsense_numbers_are_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
-    assert commands.main(["run", "--cycles=0"], detect=no_gpu) == commands.EXIT_USAGE
+    assert command_line.main(["run", "--cycles=0"], detect=no_gpu) == command_line.EXIT_USAGE
     assert "--cycles at least 1" in capsys.readouterr().err
 
 
@@ -103,7 +103,7 @@ def test_what_gpu_machines_have_and_this_one_lacks_is_named(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setattr(wheels, "missing_on_the_device", lambda: ["torch", "nvidia-ml-py"])
-    problem = commands.prepare(tmp_path / "wheels", tmp_path / "site")
+    problem = command_line.prepare(tmp_path / "wheels", tmp_path / "site")
     assert problem is not None
     assert ": torch, nvidia-ml-py. GPU machines are expected to have them" in problem
 
@@ -115,7 +115,7 @@ def test_carried_packages_missing_without_wheels_say_to_run_make_gpu_wheels(
     monkeypatch.setattr(
         wheels, "installed_version", lambda name: None if name == "tritonclient" else "1.0"
     )
-    problem = commands.prepare(tmp_path / "wheels", tmp_path / "site")
+    problem = command_line.prepare(tmp_path / "wheels", tmp_path / "site")
     assert problem is not None
     assert f": tritonclient, and there is no {tmp_path / 'wheels'}." in problem
     assert "Run `make gpu-wheels` on a machine that reaches PyPI" in problem
@@ -128,7 +128,7 @@ def test_wheels_for_another_python_are_refused_with_the_command_that_makes_the_r
     (tmp_path / "pydantic-2.14.3-py3-none-any.whl").write_bytes(b"")
     wheels.write_manifest(tmp_path, python="3.9", found=wheels.inventory(tmp_path))
     monkeypatch.setattr(wheels, "installed_version", lambda name: None)
-    problem = commands.prepare(tmp_path, tmp_path / "site")
+    problem = command_line.prepare(tmp_path, tmp_path / "site")
     assert problem is not None
     here = wheels.python_version()
     assert f"are for Python 3.9, and this is {here}" in problem
@@ -139,15 +139,15 @@ def test_an_environment_that_has_everything_needs_no_wheels(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     # This virtualenv has every carried distribution, as a developer's does.
-    monkeypatch.setattr(commands, "stub_library_problem", lambda: None)
-    assert commands.prepare(tmp_path / "absent", tmp_path / "site") is None
+    monkeypatch.setattr(command_line, "stub_library_problem", lambda: None)
+    assert command_line.prepare(tmp_path / "absent", tmp_path / "site") is None
     assert not (tmp_path / "site").exists()
 
 
 def test_a_python_without_a_shared_libpython_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(commands.sysconfig, "get_config_var", lambda name: None)
-    monkeypatch.setattr(commands.ctypes.util, "find_library", lambda name: None)
-    problem = commands.stub_library_problem()
+    monkeypatch.setattr(command_line.sysconfig, "get_config_var", lambda name: None)
+    monkeypatch.setattr(command_line.ctypes.util, "find_library", lambda name: None)
+    problem = command_line.stub_library_problem()
     assert problem is not None
     here = wheels.python_version()
     assert problem.startswith(f"libpython{here}.so.1.0 is not found: Triton's Python backend")

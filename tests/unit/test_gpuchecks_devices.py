@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from batchpilot_harness.gpuchecks import devices
-from batchpilot_sidecar import statuses
+from batchpilot_sidecar import status_document
 from fake_nvml import GIB, FakeGpu, FakeNvml
 from fake_triton import FakeTriton
 from sidecar_builders import Clock, make_collector, one_gpu
@@ -149,7 +149,7 @@ async def sidecar_devices(*gpus: FakeGpu) -> Any:
     clock = Clock()
     collector = make_collector(FakeTriton(), clock, monitor=one_gpu(*gpus[:1]))
     await collector.collect()
-    return statuses.document(collector, None).gpu.devices
+    return status_document.document(collector, None).gpu.devices
 
 
 async def test_the_sidecar_and_nvidia_smi_agree_on_one_gpu_in_each_others_units() -> None:

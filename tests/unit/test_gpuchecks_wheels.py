@@ -72,7 +72,7 @@ def test_the_checks_processes_import_nothing_that_is_neither_carried_nor_on_the_
     # The check's own process (the runner, the harness) and the sidecar's.
     script = """
 import json, sys
-import batchpilot_harness.gpuchecks.commands, batchpilot_harness.gpuchecks.runs
+import batchpilot_harness.gpuchecks.command_line, batchpilot_harness.gpuchecks.runs
 import batchpilot_sidecar.commands, batchpilot_sidecar.serving, batchpilot_sidecar.collecting
 import importlib.metadata as m
 ours = {"batchpilot", "batchpilot_triton", "batchpilot_sidecar", "batchpilot_harness"}

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from batchpilot_harness import processes
+from batchpilot_harness import procfs
 
 
 @pytest.fixture
@@ -18,7 +18,7 @@ def zombie() -> Iterator[int]:
     """A child of this process that has exited and is not reaped yet, in a group of its own."""
     child = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
     deadline = time.monotonic() + 10
-    while (found := processes.stat(child.pid)) is None or found.alive:
+    while (found := procfs.stat(child.pid)) is None or found.alive:
         assert time.monotonic() < deadline, "the child did not exit"
         time.sleep(0.01)
     yield child.pid
@@ -26,11 +26,11 @@ def zombie() -> Iterator[int]:
 
 
 def test_group_members_include_this_process() -> None:
-    assert os.getpid() in processes.group_members(os.getpgid(0))
+    assert os.getpid() in procfs.group_members(os.getpgid(0))
 
 
 def test_stat_of_this_process_names_its_parent_group_and_state() -> None:
-    found = processes.stat(os.getpid())
+    found = procfs.stat(os.getpid())
 
     assert found is not None
     assert (found.parent, found.group, found.alive) == (os.getppid(), os.getpgid(0), True)
@@ -38,19 +38,19 @@ def test_stat_of_this_process_names_its_parent_group_and_state() -> None:
 
 
 def test_zombie_is_in_its_group_but_not_among_its_live_members(zombie: int) -> None:
-    assert [found.pid for found in processes.group(zombie)] == [zombie]
-    assert processes.group_members(zombie) == []
-    assert not processes.is_alive(zombie)
+    assert [found.pid for found in procfs.group(zombie)] == [zombie]
+    assert procfs.group_members(zombie) == []
+    assert not procfs.is_alive(zombie)
 
 
 def test_process_that_is_gone_reads_as_none(zombie: int) -> None:
     os.waitpid(zombie, 0)
 
-    assert processes.stat(zombie) is None
-    assert not processes.is_alive(zombie)
+    assert procfs.stat(zombie) is None
+    assert not procfs.is_alive(zombie)
     with pytest.raises(ProcessLookupError):
-        processes.cpu_seconds(zombie)
+        procfs.cpu_seconds(zombie)
 
 
 def test_resident_memory_of_this_process_is_megabytes() -> None:
-    assert processes.resident_bytes(os.getpid()) > 1_000_000
+    assert procfs.resident_bytes(os.getpid()) > 1_000_000

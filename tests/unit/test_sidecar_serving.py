@@ -13,7 +13,7 @@ import pytest
 import yarl
 
 from batchpilot import cli
-from batchpilot_sidecar import collecting, recommending, serving, statuses, telemetry
+from batchpilot_sidecar import advising, collecting, recommending, serving, telemetry
 from fake_nvml import GIB, FakeGpu
 from fake_triton import FakeModel, FakeTriton
 from sidecar_builders import (
@@ -185,7 +185,7 @@ async def test_latency_quantiles_are_triton_summaries_or_say_they_are_estimated(
 
 
 def test_no_requests_means_no_latency_at_all() -> None:
-    assert statuses.latency(None, summaries_enabled=True).quantiles_ms == {}
+    assert advising.latency(None, summaries_enabled=True).quantiles_ms == {}
 
 
 async def test_the_memory_cap_needs_a_declared_size_per_item_and_a_gpu_that_reports_memory() -> (

@@ -47,8 +47,7 @@ from batchpilot_cluster import (
     rest,
     versions,
 )
-from batchpilot_harness import local_triton
-from batchpilot_harness import processes as harness_processes
+from batchpilot_harness import local_triton, procfs
 
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
@@ -743,7 +742,7 @@ def running(
     say: Callable[[str], None] = print,
 ) -> Iterator[Cluster]:
     """A cluster for the duration of a with-block, stopped on errors, SIGINT and SIGTERM too."""
-    restore = harness_processes.raise_on_sigterm()
+    restore = procfs.raise_on_sigterm()
     try:
         cluster = start(state_dir=state_dir, nodes=nodes, say=say)
         try:

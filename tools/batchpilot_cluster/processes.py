@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from batchpilot_cluster import locations
-from batchpilot_harness import processes as harness_processes
+from batchpilot_harness import procfs
 
 OWNER_ENV = "BATCHPILOT_E2E_OWNER"
 
@@ -126,11 +126,11 @@ def other_owners(state_dir: Path) -> set[str]:
     is starting holds no lock yet, but its processes carry their owner mark from the first."""
     prefix = f"{OWNER_ENV}=".encode()
     owners = set()
-    for pid in harness_processes.pids():
+    for pid in procfs.pids():
         for entry in _read(Path(f"/proc/{pid}/environ")).split(b"\0"):
             if entry.startswith(prefix):
                 owner = entry.removeprefix(prefix).decode(errors="replace")
-                if owner != str(state_dir) and harness_processes.is_alive(pid):
+                if owner != str(state_dir) and procfs.is_alive(pid):
                     owners.add(owner)
     return owners
 
@@ -141,7 +141,7 @@ def protected_pids() -> set[int]:
     pid = os.getpid()
     while pid > 1:
         protected.add(pid)
-        found = harness_processes.stat(pid)
+        found = procfs.stat(pid)
         if found is None:
             break
         pid = found.parent
@@ -152,8 +152,8 @@ def owned_pids(state_dir: Path) -> list[int]:
     protected = protected_pids()
     return [
         pid
-        for pid in harness_processes.pids()
-        if pid not in protected and harness_processes.is_alive(pid) and is_owned(pid, state_dir)
+        for pid in procfs.pids()
+        if pid not in protected and procfs.is_alive(pid) and is_owned(pid, state_dir)
     ]
 
 
@@ -165,10 +165,10 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
 def _wait_gone(pids: Sequence[int], timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not any(harness_processes.is_alive(pid) for pid in pids):
+        if not any(procfs.is_alive(pid) for pid in pids):
             return True
         time.sleep(0.05)
-    return not any(harness_processes.is_alive(pid) for pid in pids)
+    return not any(procfs.is_alive(pid) for pid in pids)
 
 
 def stop_group(pid: int, *, state_dir: Path, timeout: float = 10.0) -> None:
@@ -182,8 +182,8 @@ def stop_groups(timeouts: Mapping[int, float], *, state_dir: Path) -> None:
     started = time.monotonic()
     members: dict[int, list[int]] = {}
     for pid in timeouts:
-        if harness_processes.is_alive(pid) and is_owned(pid, state_dir):
-            members[pid] = harness_processes.group_members(pid) or [pid]
+        if procfs.is_alive(pid) and is_owned(pid, state_dir):
+            members[pid] = procfs.group_members(pid) or [pid]
             _signal_group(pid, signal.SIGTERM)
     for pid in sorted(members, key=lambda pid: timeouts[pid]):
         left = started + timeouts[pid] - time.monotonic()
@@ -210,7 +210,7 @@ def sweep(state_dir: Path, *, timeout: float = 5.0) -> list[int]:
             os.kill(pid, signal.SIGTERM)
     if not _wait_gone(leftovers, timeout):
         for pid in leftovers:
-            if harness_processes.is_alive(pid):
+            if procfs.is_alive(pid):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
         _wait_gone(leftovers, 5.0)

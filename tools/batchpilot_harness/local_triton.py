@@ -53,7 +53,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Self
 
-from batchpilot_harness import processes
+from batchpilot_harness import procfs
 
 # The demo models' emulated device is one lock file per server; see manifests/model-repository.
 DEVICE_LOCK_ENV = "BATCHPILOT_DEVICE_LOCK"
@@ -530,9 +530,7 @@ class LocalTriton:
         deadline = time.monotonic() + timeout
         while True:
             remaining = [
-                entry
-                for entry in processes.group(pgid)
-                if entry.alive or entry.parent == os.getpid()
+                entry for entry in procfs.group(pgid) if entry.alive or entry.parent == os.getpid()
             ]
             if not remaining:
                 return
@@ -552,7 +550,7 @@ class LocalTriton:
     def __enter__(self) -> Self:
         # Whatever runs the server in a with-block (a benchmark, the demo) stops it on SIGTERM
         # too, instead of leaving it and its engine running.
-        self._restore_sigterm = processes.raise_on_sigterm()
+        self._restore_sigterm = procfs.raise_on_sigterm()
         try:
             self.start()
             self.wait_ready()

@@ -21,7 +21,7 @@ from kubernetes import client
 
 from batchpilot.kube import pods
 from batchpilot_cluster import building, controlplane, images, podsandboxes, realnodes
-from batchpilot_harness import local_triton, processes
+from batchpilot_harness import local_triton, procfs
 from batchpilot_testbed import waiting
 from batchpilot_testbed.kubes import Kube
 from batchpilot_triton import endpoints, modelconfigs
@@ -401,9 +401,7 @@ def process_in_pod(ip: str, program: str) -> int:
     running = {pid for pid in podsandboxes.pids(ip) if runs(pid)}
     # Triton forks before it execs a Python stub: for that instant the child's cmdline is its
     # parent's. The program is the process whose parent is not itself a copy.
-    (pid,) = [
-        pid for pid in running if (found := processes.stat(pid)) and found.parent not in running
-    ]
+    (pid,) = [pid for pid in running if (found := procfs.stat(pid)) and found.parent not in running]
     return pid
 
 

@@ -5,7 +5,7 @@ import argparse
 import sys
 
 from batchpilot_cluster import building as go_building
-from batchpilot_cluster.grafana import building
+from batchpilot_cluster.grafana import grafana_builds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "build":
-            report = building.build(force=args.force)
+            report = grafana_builds.build(force=args.force)
             what = "built" if report.built else "nothing to do (current)"
             grafana = report.installation
             print(
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"({grafana.commit}) in {grafana.binary.parent}"
             )
         else:
-            grafana = building.require()
+            grafana = grafana_builds.require()
             print(f"{grafana.binary} server --homepath {grafana.home}")
     except go_building.BuildError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -1,7 +1,7 @@
-"""`python -m batchpilot_harness.gpuchecks run|wheels`: see commands."""
+"""`python -m batchpilot_harness.gpuchecks run|wheels`: see command_line."""
 
 import sys
 
-from batchpilot_harness.gpuchecks import commands
+from batchpilot_harness.gpuchecks import command_line
 
-sys.exit(commands.main())
+sys.exit(command_line.main())
