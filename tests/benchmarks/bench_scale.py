@@ -15,7 +15,9 @@ Every policy has the same schedule: `bulk` by default and an `interactive` windo
 minute boundary a little ahead. Measured from the operator's /proc entries and its /metrics:
 
 - steady state, before the boundary: CPU seconds per reconcile (reconciles counted by
-  `batchpilot_decisions_total`), CPU per tick (all P policies once), the share of a core, RSS;
+  `batchpilot_decisions_total`), CPU per tick (all P policies once), the share of a core, RSS,
+  and the requests the operator made of the API server per minute, by verb and resource (the
+  local cluster's audit log keeps the operator's ServiceAccount's, `batchpilot_cluster.audit`);
 - at the boundary: when the operator decided the switch for the first and the last policy (its
   log), when every live Pod's Triton served `interactive`, and when every policy's status said
   so, all relative to the boundary (negative: before it). With `schedule.leadTime: auto` (the
@@ -26,7 +28,7 @@ minute boundary a little ahead. Measured from the operator's /proc entries and i
 It also reports how much memory each real tritonserver took (MemAvailable before and after
 starting them), and how many the machine's memory would hold.
 
-    python tests/benchmarks/bench_scale.py             # 32 Tritons, 50, 100 and 200 policies
+    python tests/benchmarks/bench_scale.py             # 32 Tritons, 50, 200 and 500 policies
     python tests/benchmarks/bench_scale.py --short     # CI: 2 Tritons, 10 policies
 """
 
@@ -53,6 +55,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from batchpilot.applying import actuators
 from batchpilot.policy import rendering, specs
+from batchpilot_cluster import audit
 from batchpilot_harness import demo_models, procfs
 from batchpilot_testbed import fleet, operators, waiting
 from batchpilot_testbed.kubes import Kube
@@ -77,7 +80,7 @@ class Plan:
 def plan(*, short: bool) -> Plan:
     if short:
         return Plan(servers=2, namespaces=1, policy_counts=(10,), ahead_seconds=30.0)
-    return Plan(servers=32, namespaces=4, policy_counts=(50, 100, 200), ahead_seconds=60.0)
+    return Plan(servers=32, namespaces=4, policy_counts=(50, 200, 500), ahead_seconds=60.0)
 
 
 # -- the operator process, seen from its /metrics ----------------------------------------------
@@ -229,6 +232,9 @@ class SizeReport:
     """Warning events on the policies, by reason."""
     warning_examples: dict[str, str]
     log_errors: int
+    api_requests: dict[str, int] | None
+    """What the operator asked the API server in steady state, by verb and resource (the local
+    cluster's audit log; None on a cluster without it)."""
 
     @property
     def cpu_per_reconcile(self) -> float | None:
@@ -246,6 +252,12 @@ class SizeReport:
     @property
     def reconciles_per_second(self) -> float | None:
         return benchmarking.ratio(self.steady_reconciles, self.steady_seconds)
+
+    @property
+    def api_requests_per_minute(self) -> float | None:
+        if self.api_requests is None:
+            return None
+        return benchmarking.ratio(60 * sum(self.api_requests.values()), self.steady_seconds)
 
 
 def decisions_after(
@@ -385,6 +397,7 @@ def run_size(
             interval=1.0,
         )
         before = Sample.of(operator)
+        steady_from = datetime.datetime.now(datetime.UTC)
         until_boundary = (opens - datetime.datetime.now(datetime.UTC)).total_seconds()
         # Steady state ends a second before the boundary; the RSS peak is watched meanwhile.
         peak = before.rss
@@ -393,6 +406,7 @@ def run_size(
             peak = max(peak, procfs.resident_bytes(operator.process.pid))
             until_boundary = (opens - datetime.datetime.now(datetime.UTC)).total_seconds()
         steady_end = Sample.of(operator)
+        steady_until = datetime.datetime.now(datetime.UTC)
         boundary = time.monotonic() + until_boundary
         live = list(fleet_servers[: min(count, len(fleet_servers))])
         served = asyncio.run(_serving_since(live, "interactive", boundary, within=240.0))
@@ -431,7 +445,18 @@ def run_size(
         warning_examples=examples,
         decided=decisions_after(log, opens, "interactive"),
         log_errors=sum("[ERROR" in line for line in log.splitlines()),
+        api_requests=api_requests(kube, steady_from, steady_until),
     )
+
+
+def api_requests(
+    kube: Kube, since: datetime.datetime, until: datetime.datetime
+) -> dict[str, int] | None:
+    """The operator's requests to the API server in [since, until), from the audit log."""
+    if kube.local is None:
+        return None
+    log = audit.log_path(kube.local.state_dir)
+    return dict(audit.requests(log, user=operators.USER, since=since, until=until))
 
 
 # -- reporting --------------------------------------------------------------------------------
@@ -476,6 +501,7 @@ def render(
         "CPU s/tick",
         "core share",
         "RSS MiB (steady / peak)",
+        "API requests/min",
         "boundary -> decided (s, first / last)",
         "boundary -> live Pods serve (s)",
         "boundary -> all statuses (s)",
@@ -495,6 +521,7 @@ def render(
                 benchmarking.cell(None if size.core_share is None else 100 * size.core_share, 0)
                 + "%",
                 f"{size.rss_steady / mib:.0f} / {size.rss_peak / mib:.0f}",
+                benchmarking.cell(size.api_requests_per_minute, 0),
                 "-" if size.decided is None else f"{size.decided[0]:.2f} / {size.decided[1]:.2f}",
                 benchmarking.cell(size.targets_converged, 2),
                 benchmarking.cell(size.statuses_converged, 2),
@@ -532,6 +559,13 @@ def render(
             )
             + ("met" if met else "MISSED")
         )
+        if size.api_requests is not None:
+            per_minute = 60 / size.steady_seconds if size.steady_seconds > 0 else 0.0
+            kinds = sorted(size.api_requests.items(), key=lambda item: -item[1])
+            lines.append(
+                f"  - API requests in steady state ({size.steady_seconds:.0f} s), per minute: "
+                + (", ".join(f"{kind} {n * per_minute:.1f}" for kind, n in kinds) or "none")
+            )
         for reason, message in sorted(size.warning_examples.items()):
             lines.append(f"  - {reason}, e.g.: {message[:300]}")
     return "\n".join(lines)

@@ -36,6 +36,7 @@ from typing import Any
 import yaml
 
 from batchpilot_cluster import (
+    audit,
     building,
     certificates,
     clientconfigs,
@@ -480,6 +481,7 @@ def _start_components(
             # Pods that ask for nvidia.com/gpu tolerate the real node's GPU taint, as on GKE.
             "--enable-admission-plugins=ExtendedResourceToleration",
             "--profiling=false",
+            *audit.apiserver_flags(state_dir),
         ],
     )
     admin = cluster.client()

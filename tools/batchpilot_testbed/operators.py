@@ -17,12 +17,16 @@ from typing import Any
 
 import yaml
 
+from batchpilot_cluster import audit
 from batchpilot_harness import local_triton
 from batchpilot_testbed.kubes import Kube
 
 REPO = Path(__file__).resolve().parents[2]
 SERVICE_ACCOUNT = "batchpilot-operator"
-SYSTEM_NAMESPACE = "batchpilot-system"
+SYSTEM_NAMESPACE = audit.AUDITED_NAMESPACE
+"""The local cluster's audit log keeps the requests of this namespace's service accounts."""
+USER = f"system:serviceaccount:{SYSTEM_NAMESPACE}:{SERVICE_ACCOUNT}"
+"""Who the operator is to the API server (and in its audit log)."""
 
 
 def install_api(kube: Kube) -> None:
