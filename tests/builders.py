@@ -7,7 +7,8 @@ import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from batchpilot.policy import documents, specs
+from batchpilot.api import documents
+from batchpilot.api.v1alpha1 import specs
 
 NEW_YORK = ZoneInfo("America/New_York")
 

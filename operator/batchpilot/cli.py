@@ -22,8 +22,9 @@ from pathlib import Path
 from types import ModuleType
 
 from batchpilot import __version__, explaining
+from batchpilot.api import documents
+from batchpilot.api.v1alpha1 import specs
 from batchpilot.applying import credentials
-from batchpilot.policy import documents, specs
 from batchpilot_triton import endpoints
 
 PLUGIN_GROUP = "batchpilot.commands"

@@ -7,7 +7,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from batchpilot.policy import decisions, durations, leads, loads, rendering, specs
+from batchpilot.api import durations
+from batchpilot.api.v1alpha1 import specs
+from batchpilot.policy import decisions, leads, loads, rendering
 
 SIGNAL_NAMES = (*specs.LOAD_METRICS, *decisions.RECOMMENDATIONS)
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import kopf
 
-from batchpilot import crds, operating, telemetry
-from batchpilot.policy import documents
+from batchpilot import operating, telemetry
+from batchpilot.api import names, v1alpha1
 
-GROUP, VERSION, PLURAL = documents.GROUP, documents.VERSION, crds.PLURAL
+GROUP, VERSION, PLURAL = names.GROUP, v1alpha1.VERSION, names.PLURAL
 
 
 def controller_of(memo: Any) -> operating.Controller:

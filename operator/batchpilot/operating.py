@@ -22,11 +22,12 @@ import kubernetes.client
 import kubernetes.config
 
 from batchpilot import reconciling, reporting, telemetry
+from batchpilot.api.v1alpha1 import specs
 from batchpilot.applying import backoffs, fleets, pod_repositories
 from batchpilot.applying.replicas import Replica
 from batchpilot.kube import pods as kube_pods
 from batchpilot.kube import policies, secret_credentials
-from batchpilot.policy import governing, specs
+from batchpilot.policy import governing
 from batchpilot.signals import prometheus, sidecars, sources
 
 logger = logging.getLogger("batchpilot.operator")

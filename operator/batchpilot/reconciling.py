@@ -25,9 +25,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from batchpilot import reporting, telemetry
+from batchpilot.api import documents
+from batchpilot.api.v1alpha1 import specs, statuses
 from batchpilot.applying import credentials, rollouts
 from batchpilot.applying.replicas import Replica
-from batchpilot.policy import decisions, documents, governing, leads, specs, statuses
+from batchpilot.policy import decisions, governing, leads
 from batchpilot.signals import sources
 from batchpilot_triton import servers
 

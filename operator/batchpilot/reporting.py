@@ -15,9 +15,11 @@ from typing import Any, Literal
 
 import pydantic
 
+from batchpilot.api import durations
+from batchpilot.api.v1alpha1 import specs, statuses
 from batchpilot.applying import rollouts
 from batchpilot.applying.replicas import Replica
-from batchpilot.policy import decisions, durations, leads, specs, statuses
+from batchpilot.policy import decisions, leads
 
 MAX_TARGET_DETAILS = 64
 

@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from batchpilot import reconciling, reporting, telemetry
+from batchpilot.api.v1alpha1 import specs
 from batchpilot.applying import credentials, engines, fleets, replicas, rollouts
 from batchpilot.applying.replicas import Replica
-from batchpilot.policy import decisions, specs
+from batchpilot.policy import decisions
 from batchpilot.signals import sidecars, sources
 from batchpilot_triton import servers
 

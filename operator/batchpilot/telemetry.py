@@ -22,8 +22,9 @@ from typing import TypeVar
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from batchpilot.api.v1alpha1 import specs
 from batchpilot.applying import rollouts
-from batchpilot.policy import decisions, specs
+from batchpilot.policy import decisions
 from batchpilot_triton import exposition
 
 PREFIX = "batchpilot"

@@ -41,8 +41,9 @@ from typing import Any
 
 import benchmarking
 
+from batchpilot.api.v1alpha1 import specs
 from batchpilot.applying import actuators, engines
-from batchpilot.policy import rendering, specs
+from batchpilot.policy import rendering
 from batchpilot_harness import llm_load, llm_models, local_triton, procfs
 from batchpilot_triton import scraping, servers
 

@@ -56,8 +56,10 @@ import aiohttp
 import benchmarking
 
 from batchpilot import running, telemetry
+from batchpilot.api import documents, names, v1alpha1
+from batchpilot.api.v1alpha1 import specs
 from batchpilot.applying import actuators
-from batchpilot.policy import documents, rendering, specs
+from batchpilot.policy import rendering
 from batchpilot.signals import sidecars
 from batchpilot_harness import demo_models, loadgen, local_sidecar, local_triton
 from batchpilot_triton import scraping, servers
@@ -110,8 +112,8 @@ def policy_document(model: str, *, speed: float = 1.0) -> dict[str, Any]:
     waits for a p95 measured under the delay in force, and Triton's latency summaries cover
     about the last minute of real time: `speed` minutes of the day."""
     return {
-        "apiVersion": documents.API_VERSION,
-        "kind": documents.KIND,
+        "apiVersion": v1alpha1.API_VERSION,
+        "kind": names.KIND,
         "metadata": {"name": "trading-day"},
         "spec": {
             "target": {"selector": {"matchLabels": {"app": "triton"}}, "models": [model]},

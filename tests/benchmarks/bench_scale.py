@@ -53,8 +53,9 @@ import benchmarking
 import kubernetes.client
 from prometheus_client.parser import text_string_to_metric_families
 
+from batchpilot.api.v1alpha1 import specs
 from batchpilot.applying import actuators
-from batchpilot.policy import rendering, specs
+from batchpilot.policy import rendering
 from batchpilot_cluster import audit
 from batchpilot_harness import demo_models, procfs
 from batchpilot_testbed import fleet, operators, waiting

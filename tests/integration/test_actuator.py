@@ -12,8 +12,9 @@ from typing import Any, TypeVar
 
 import pytest
 
+from batchpilot.api.v1alpha1 import specs
 from batchpilot.applying import actuators, overrides
-from batchpilot.policy import rendering, specs
+from batchpilot.policy import rendering
 from batchpilot_harness import demo_models, loadgen, local_triton, procfs
 from batchpilot_triton import modelconfigs, servers
 from triton_fixtures import TritonFactory

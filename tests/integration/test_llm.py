@@ -20,8 +20,9 @@ import pytest
 import tritonclient.grpc.aio as triton_grpc
 
 from batchpilot import running, telemetry
+from batchpilot.api.v1alpha1 import specs
 from batchpilot.applying import actuators, engines, overrides, rollouts
-from batchpilot.policy import rendering, specs
+from batchpilot.policy import rendering
 from batchpilot.signals import sources
 from batchpilot_harness import llm_load, llm_models, local_sidecar, local_triton, procfs
 from batchpilot_sidecar import decodesteps, llm_recommending

@@ -21,9 +21,10 @@ import tritonclient.grpc
 import tritonclient.http
 from tritonclient.utils import InferenceServerException
 
+from batchpilot.api.v1alpha1 import specs
 from batchpilot.applying import actuators, credentials, fleets, rollouts
 from batchpilot.applying.replicas import Replica
-from batchpilot.policy import rendering, specs
+from batchpilot.policy import rendering
 from batchpilot_harness import demo_models, local_triton
 from batchpilot_triton import modelconfigs, servers
 from triton_fixtures import TritonFactory, run_command_until, triton_client

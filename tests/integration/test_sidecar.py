@@ -27,8 +27,9 @@ import tritonclient.http
 from prometheus_client.parser import text_string_to_metric_families
 
 from batchpilot import running, telemetry
+from batchpilot.api.v1alpha1 import specs
 from batchpilot.applying import actuators
-from batchpilot.policy import rendering, specs
+from batchpilot.policy import rendering
 from batchpilot.signals import sidecars
 from batchpilot_harness import demo_models, loadgen, local_sidecar, local_triton
 from batchpilot_triton import scraping, servers

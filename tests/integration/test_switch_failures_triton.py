@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import pytest
 
+from batchpilot.api.v1alpha1 import specs
 from batchpilot.applying import actuators, fleets, rollouts
 from batchpilot.applying.replicas import Replica
-from batchpilot.policy import rendering, specs
+from batchpilot.policy import rendering
 from batchpilot_harness import demo_models
 from batchpilot_triton import modelconfigs, servers
 from triton_fixtures import TritonFactory

@@ -11,7 +11,7 @@ from typing import Any
 import celpy
 import jsonschema
 
-from batchpilot import crds
+from batchpilot.api import crds
 
 _CEL = celpy.Environment()
 

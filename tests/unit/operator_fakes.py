@@ -12,9 +12,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from batchpilot.api.v1alpha1 import specs
 from batchpilot.applying import actuators, backoffs, fleets, overrides
 from batchpilot.applying.replicas import Replica
-from batchpilot.policy import rendering, specs
+from batchpilot.policy import rendering
 from batchpilot_triton import modelconfigs, repositories, servers
 
 

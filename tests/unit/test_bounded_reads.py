@@ -19,10 +19,10 @@ import kubernetes.client
 import pytest
 from aiohttp import web
 
+from batchpilot.api.v1alpha1 import specs
 from batchpilot.applying import engines, pod_repositories
 from batchpilot.applying.replicas import Replica
 from batchpilot.kube import pods as kube_pods
-from batchpilot.policy import specs
 from batchpilot.signals import prometheus, sidecars, sources
 from batchpilot_triton import responses, scraping, servers
 from web_apps import ServeApp

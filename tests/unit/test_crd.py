@@ -14,8 +14,7 @@ import pytest
 import yaml
 from crd_checks import admission_errors, cel_errors, spec_schema
 
-from batchpilot import crds
-from batchpilot.policy import documents
+from batchpilot.api import crds, documents
 from builders import BASE_SPEC, market_hours
 
 REPO = Path(__file__).resolve().parents[2]

@@ -7,7 +7,8 @@ from collections.abc import Iterable
 
 import pytest
 
-from batchpilot.policy import decisions, specs
+from batchpilot.api.v1alpha1 import specs
+from batchpilot.policy import decisions
 from builders import make_spec, market_hours, ny, utc
 
 QUIET = decisions.Signals(metrics={"queueDepth": 0})

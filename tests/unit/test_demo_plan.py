@@ -6,7 +6,8 @@ import datetime
 
 import pytest
 
-from batchpilot.policy import decisions, documents
+from batchpilot.api import documents
+from batchpilot.policy import decisions
 from batchpilot_harness import demo
 from builders import utc
 

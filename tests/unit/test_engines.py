@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
+from batchpilot.api.v1alpha1 import specs
 from batchpilot.applying import engines, overrides, replicas
-from batchpilot.policy import rendering, specs
+from batchpilot.policy import rendering
 from batchpilot_triton import modelconfigs
 
 # What tritonserver 2.51 reported for manifests/llm-repository/tiny_llm (GET .../config), cut.

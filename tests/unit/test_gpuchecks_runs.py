@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from batchpilot.policy import documents
+from batchpilot.api import documents
 from batchpilot_harness.gpuchecks import accounting, devices, plans, runs
 from batchpilot_triton import reports, scraping
 

@@ -9,7 +9,8 @@ import datetime
 import crd_checks
 import pytest
 
-from batchpilot.policy import decisions, documents, leads
+from batchpilot.api import documents
+from batchpilot.policy import decisions, leads
 from builders import make_spec, market_hours, ny, spec_document, utc, window
 
 MINUTE = datetime.timedelta(minutes=1)

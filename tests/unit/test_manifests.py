@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from batchpilot.policy import documents
+from batchpilot.api import documents
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "manifests"

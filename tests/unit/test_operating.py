@@ -13,10 +13,11 @@ import operator_fakes
 import pytest
 
 from batchpilot import handlers, operating, reconciling, reporting, telemetry
+from batchpilot.api.v1alpha1 import specs
 from batchpilot.applying import fleets
 from batchpilot.applying.replicas import Replica
 from batchpilot.kube import pods as kube_pods
-from batchpilot.policy import governing, specs
+from batchpilot.policy import governing
 from batchpilot.signals import prometheus, sidecars, sources
 from batchpilot_harness import local_triton
 from builders import spec_document

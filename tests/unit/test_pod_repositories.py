@@ -14,9 +14,10 @@ import pytest
 from aiohttp import web
 
 from batchpilot import operating
+from batchpilot.api.v1alpha1 import specs
 from batchpilot.applying import engines, pod_repositories
 from batchpilot.applying.replicas import Replica
-from batchpilot.policy import rendering, specs
+from batchpilot.policy import rendering
 from batchpilot_sidecar import serving
 from fake_triton import FakeTriton
 from sidecar_builders import Clock, make_collector

@@ -8,9 +8,9 @@ from typing import Any
 import kubernetes.client
 import pytest
 
+from batchpilot.api.v1alpha1 import specs
 from batchpilot.applying.replicas import ServingContainer
 from batchpilot.kube import pods
-from batchpilot.policy import specs
 
 
 def pod(

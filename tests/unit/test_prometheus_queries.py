@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from batchpilot.policy import decisions, specs
+from batchpilot.api.v1alpha1 import specs
+from batchpilot.policy import decisions
 from batchpilot.signals import prometheus
 
 SELECTED = 'namespace="chat",pod=~"triton-0|triton-1",model=~"tiny_llm"'

@@ -11,8 +11,9 @@ import pytest
 from operator_fakes import FakeFleet, FakeGates, FakePods, FakeServer, target
 
 from batchpilot import reconciling, telemetry
+from batchpilot.api.v1alpha1 import specs
 from batchpilot.applying.replicas import Replica, ServingContainer
-from batchpilot.policy import decisions, governing, specs
+from batchpilot.policy import decisions, governing
 from batchpilot.signals import sources
 from builders import market_hours, ny, spec_document, utc
 

@@ -8,8 +8,9 @@ import datetime
 from operator_fakes import target
 
 from batchpilot import reporting
+from batchpilot.api.v1alpha1 import statuses
 from batchpilot.applying import actuators, rollouts
-from batchpilot.policy import decisions, statuses
+from batchpilot.policy import decisions
 from builders import make_spec, utc
 
 NOW = utc(2026, 11, 24, 15)

@@ -14,10 +14,10 @@ import pytest
 from operator_fakes import FakeFleet, FakeGates, FakePods, FakeServer, target
 
 from batchpilot import reconciling, telemetry
+from batchpilot.api.v1alpha1 import specs
 from batchpilot.applying import credentials
 from batchpilot.applying.replicas import Replica
 from batchpilot.kube import secret_credentials
-from batchpilot.policy import specs
 from batchpilot_triton import servers
 from builders import spec_document, utc
 

@@ -8,9 +8,10 @@ import dataclasses
 import pytest
 from operator_fakes import FakeFleet, FakeGates, FakeServer, target
 
+from batchpilot.api.v1alpha1 import specs
 from batchpilot.applying import actuators, backoffs, overrides, rollouts
 from batchpilot.applying.replicas import Replica, ServingContainer
-from batchpilot.policy import rendering, specs
+from batchpilot.policy import rendering
 from batchpilot_triton import servers
 
 PROFILE = specs.Profile.model_validate({"maxQueueDelayMicroseconds": 2000})

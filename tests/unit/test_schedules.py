@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from batchpilot.policy import calendars, documents, schedules, specs
+from batchpilot.api import calendar_names, documents
+from batchpilot.api.v1alpha1 import specs
+from batchpilot.policy import calendars, schedules
 from builders import NEW_YORK, make_spec, market_hours, ny, utc, window
 
 
@@ -196,7 +198,7 @@ def test_a_calendar_without_its_library_is_a_validation_error_that_says_so(
     def unavailable(name: str) -> bool:
         raise calendars.CalendarsUnavailable("exchange calendars need the exchange-calendars ...")
 
-    monkeypatch.setattr(calendars, "is_known", unavailable)
+    monkeypatch.setattr(calendar_names, "is_known", unavailable)
     with pytest.raises(
         documents.PolicyError,
         match=re.escape("spec.schedule.calendar: calendar 'XNYS': exchange calendars need the"),

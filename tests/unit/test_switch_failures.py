@@ -29,9 +29,10 @@ from operator_fakes import (
 )
 
 import web_apps
+from batchpilot.api.v1alpha1 import specs
 from batchpilot.applying import actuators, engines, fleets, overrides, rollouts
 from batchpilot.applying.replicas import Replica
-from batchpilot.policy import rendering, specs
+from batchpilot.policy import rendering
 from batchpilot_triton import modelconfigs, servers
 
 URL = "http://10.88.0.1:8000"

@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from batchpilot.api.v1alpha1 import specs
 from batchpilot.applying import actuators, overrides
-from batchpilot.policy import rendering, specs
+from batchpilot.policy import rendering
 from batchpilot_triton import servers
 from web_apps import ServeApp
 

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
+from batchpilot.api.v1alpha1 import specs
 from batchpilot.applying import engines, overrides
-from batchpilot.policy import rendering, specs
+from batchpilot.policy import rendering
 from batchpilot_triton import modelconfigs
 
 # The tensorrt_llm model of tensorrtllm_backend's all_models/inflight_batcher_llm as Triton

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from batchpilot import telemetry
-from batchpilot.policy import specs
+from batchpilot.api.v1alpha1 import specs
 from batchpilot_charts import queries
 
 Severity = Literal["critical", "warning", "info"]

@@ -1,6 +1,6 @@
 """`make generate` (`python -m batchpilot_charts --helm PATH`): every generated file, one command.
 
-It writes `crds/batchpolicy.yaml` (the CRD, rendered by `batchpilot.crds` from the API models),
+It writes `crds/batchpolicy.yaml` (the CRD, rendered by `batchpilot.api.crds` from the API models),
 the chart's copy of `crds/` (that CRD and kopf's peering CRDs; copies of files gone from `crds/`
 are removed), the chart's `files/` (the alert rules for Prometheus and for Grafana, the
 dashboard), and `manifests/install.yaml` and `manifests/rbac.yaml` (`helm template` of the chart).
@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from batchpilot import crds
+from batchpilot.api import crds
 from batchpilot_charts import dashboards, formats, manifests
 
 COMMAND = "make generate"

@@ -7,7 +7,7 @@ The operator's and the runner's names come from `batchpilot.telemetry`, the side
 from __future__ import annotations
 
 from batchpilot import telemetry
-from batchpilot.policy import specs
+from batchpilot.api.v1alpha1 import specs
 from batchpilot_sidecar import telemetry as sidecar_telemetry
 
 OPERATOR_JOB = "batchpilot-operator"

@@ -32,7 +32,8 @@ import aiohttp
 import numpy as np
 
 from batchpilot import running, telemetry
-from batchpilot.policy import documents, specs
+from batchpilot.api import documents, names, v1alpha1
+from batchpilot.api.v1alpha1 import specs
 from batchpilot.signals import sources
 from batchpilot_harness import demo_models, loadgen, local_triton
 from batchpilot_triton import scraping, servers
@@ -76,8 +77,8 @@ def plan(*, now: datetime.datetime, short: bool, model: str) -> Plan:
     )
     window_closes = window_opens + datetime.timedelta(minutes=2)
     policy = {
-        "apiVersion": documents.API_VERSION,
-        "kind": documents.KIND,
+        "apiVersion": v1alpha1.API_VERSION,
+        "kind": names.KIND,
         "metadata": {"name": "demo"},
         "spec": {
             "target": {"selector": {"matchLabels": {"app": "triton"}}, "models": [model]},

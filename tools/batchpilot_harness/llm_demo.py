@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from batchpilot import running, telemetry
-from batchpilot.policy import documents
+from batchpilot.api import documents, names, v1alpha1
 from batchpilot.signals import sources
 from batchpilot_harness import llm_load, llm_models, local_triton
 from batchpilot_triton import modelconfigs, scraping, servers
@@ -44,8 +44,8 @@ _RECENT_SECONDS = 5.0
 def policy(window_opens: datetime.datetime) -> dict[str, Any]:
     closes = window_opens + datetime.timedelta(minutes=3)
     return {
-        "apiVersion": documents.API_VERSION,
-        "kind": documents.KIND,
+        "apiVersion": v1alpha1.API_VERSION,
+        "kind": names.KIND,
         "metadata": {"name": "llm-demo"},
         "spec": {
             "target": {

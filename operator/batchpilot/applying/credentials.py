@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Protocol
 
-from batchpilot.policy import specs
+from batchpilot.api.v1alpha1 import specs
 
 # Visible ASCII: a header value Triton's flag can carry (use e.g. `openssl rand -hex 32`).
 _USABLE_VALUE = re.compile(r"^[\x21-\x7e]{1,4096}$")

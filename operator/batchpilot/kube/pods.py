@@ -24,9 +24,10 @@ from typing import Any
 
 import kubernetes.client
 
+from batchpilot.api.v1alpha1 import specs
 from batchpilot.applying.replicas import Replica, ServingContainer
 from batchpilot.kube import calls
-from batchpilot.policy import governing, specs
+from batchpilot.policy import governing
 
 GATE = "batchpilot.dev/config-applied"
 STRATEGIC_MERGE = "application/strategic-merge-patch+json"

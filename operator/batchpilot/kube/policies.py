@@ -6,9 +6,8 @@ from typing import Any
 
 import kubernetes.client
 
-from batchpilot import crds
+from batchpilot.api import names, v1alpha1
 from batchpilot.kube import calls
-from batchpilot.policy import documents
 
 MERGE = "application/merge-patch+json"
 
@@ -22,10 +21,10 @@ class Policies:
         """Replace the status fields given (a merge patch: lists are written whole)."""
         await calls.bounded(
             self._custom.patch_namespaced_custom_object_status,
-            documents.GROUP,
-            documents.VERSION,
+            names.GROUP,
+            v1alpha1.VERSION,
             namespace,
-            crds.PLURAL,
+            names.PLURAL,
             name,
             {"status": status},
             _content_type=MERGE,

@@ -16,9 +16,9 @@ from typing import Any
 
 import kubernetes.client
 
+from batchpilot.api.v1alpha1 import specs
 from batchpilot.applying import credentials
 from batchpilot.kube import calls
-from batchpilot.policy import specs
 
 
 class SecretCredentials:

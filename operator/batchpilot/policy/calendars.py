@@ -4,10 +4,8 @@ Holidays and early closes change every year and differ by exchange; a hand-kept 
 wrong by next December. The library computes them from each exchange's rules, offline, so this
 stays pure: no network, no clock.
 
-The library (and pandas under it, about 100 MB installed) is imported when a policy first names a
-calendar, not with the policy core: the standalone runner and the operator run policies without
-one on machines that do not carry it (a GPU machine reached only by copying wheels). A policy that
-names a calendar where the library is missing fails validation with that reason.
+The library is imported when a policy first names a calendar, not with the policy core
+(`batchpilot.api.calendar_names`, which also says which calendars exist).
 """
 
 from __future__ import annotations
@@ -16,6 +14,11 @@ import datetime
 import functools
 from dataclasses import dataclass
 from typing import Any
+
+from batchpilot.api import calendar_names
+from batchpilot.api.calendar_names import CalendarsUnavailable
+
+__all__ = ["CalendarsUnavailable", "Session", "session_on"]
 
 
 @dataclass(frozen=True)
@@ -26,36 +29,13 @@ class Session:
     closes: datetime.datetime
 
 
-class CalendarsUnavailable(RuntimeError):
-    """The `exchange-calendars` library is not installed."""
-
-
-@functools.cache
-def _library() -> Any:
-    try:
-        import exchange_calendars
-    except ImportError as error:
-        raise CalendarsUnavailable(
-            f"exchange calendars need the exchange-calendars package, which is not installed "
-            f"({error})"
-        ) from None
-    return exchange_calendars
-
-
-@functools.cache
-def known_names() -> frozenset[str]:
-    return frozenset(_library().get_calendar_names(include_aliases=True))
-
-
-def is_known(name: str) -> bool:
-    return name in known_names()
-
-
 @functools.lru_cache(maxsize=64)
 def _calendar_for_year(name: str, year: int) -> Any:
     # Built for a bounded range around the year asked about: the library's default range is
     # "around today", which would make answers depend on the wall clock.
-    return _library().get_calendar(name, start=f"{year - 1}-01-01", end=f"{year + 1}-12-31")
+    return calendar_names.library().get_calendar(
+        name, start=f"{year - 1}-01-01", end=f"{year + 1}-12-31"
+    )
 
 
 def session_on(name: str, day: datetime.date) -> Session | None:

@@ -28,7 +28,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from batchpilot.policy import calendars, durations, loads, rendering, schedules, specs
+from batchpilot.api import durations
+from batchpilot.api.v1alpha1 import specs
+from batchpilot.policy import calendars, loads, rendering, schedules
 
 Source = Literal["override", "load", "schedule", "default"]
 GuardAction = Literal["lowered", "restored"]

@@ -14,7 +14,8 @@ import datetime
 import math
 from dataclasses import dataclass
 
-from batchpilot.policy import durations, specs
+from batchpilot.api import durations
+from batchpilot.api.v1alpha1 import specs
 
 DEFAULT_WAVE_SECONDS = 10.0
 """One wave's time before any was measured: five times the ~2 s a readiness-gate drain and a

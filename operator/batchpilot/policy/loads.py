@@ -13,7 +13,8 @@ import datetime
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from batchpilot.policy import durations, specs
+from batchpilot.api import durations
+from batchpilot.api.v1alpha1 import specs
 
 # How long a holding rule survives missing signals when its `for` is shorter than this.
 MISSING_SIGNAL_GRACE = datetime.timedelta(seconds=30)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from batchpilot.policy import specs
+from batchpilot.api.v1alpha1 import specs
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from batchpilot.policy import calendars, specs
+from batchpilot.api.v1alpha1 import specs
+from batchpilot.policy import calendars
 
 # How far ahead to look for the next change before saying there is none. A year covers any
 # run of holidays and exception dates a real schedule has.

@@ -27,7 +27,8 @@ from collections.abc import Collection, Mapping, Sequence
 import aiohttp
 import pydantic
 
-from batchpilot.policy import decisions, specs
+from batchpilot.api.v1alpha1 import specs
+from batchpilot.policy import decisions
 from batchpilot.signals import aggregating, sources
 from batchpilot_triton import reports, responses, scraping
 

@@ -34,7 +34,8 @@ from typing import Any
 import aiohttp
 
 from batchpilot import running, telemetry
-from batchpilot.policy import documents, specs
+from batchpilot.api import documents, names, v1alpha1
+from batchpilot.api.v1alpha1 import specs
 from batchpilot.signals import sidecars
 from batchpilot_harness import loadgen, local_triton
 from batchpilot_harness.gpuchecks import accounting, devices, plans
@@ -51,8 +52,8 @@ _LIVE_EVERY_SECONDS = 5.0
 
 def policy_document() -> dict[str, Any]:
     return {
-        "apiVersion": documents.API_VERSION,
-        "kind": documents.KIND,
+        "apiVersion": v1alpha1.API_VERSION,
+        "kind": names.KIND,
         "metadata": {"name": POLICY_NAME},
         "spec": {
             "target": {"selector": {"matchLabels": {"app": "triton"}}, "models": [MODEL]},

@@ -13,12 +13,12 @@ from typing import Any
 import pydantic
 import yaml
 
-from batchpilot.policy import specs
+from batchpilot.api import names, v1alpha1
+from batchpilot.api.v1alpha1 import specs
 
-GROUP = "batchpilot.dev"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "BatchPolicy"
+KIND = names.KIND
+API_VERSION = v1alpha1.API_VERSION
+"""The version policies are read in; a second version would be read here and converted."""
 
 
 @dataclass(frozen=True)

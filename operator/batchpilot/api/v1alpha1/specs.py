@@ -1,6 +1,6 @@
 """The BatchPolicy API (`batchpilot.dev/v1alpha1`) as typed, immutable Python objects.
 
-These models are the one source of truth for the API: `batchpilot.crds` renders
+These models are the one source of truth for the API: `batchpilot.api.crds` renders
 `crds/batchpolicy.yaml` from them (every attribute docstring becomes the field's description in
 `kubectl explain`, every constraint becomes an OpenAPI check, every cross-field rule a CEL rule),
 and the operator, the standalone runner and `batchpilot explain` parse policies with them.
@@ -20,7 +20,7 @@ import pydantic_core
 from pydantic import AwareDatetime, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from batchpilot.policy import calendars, durations, validations
+from batchpilot.api import calendar_names, durations, validations
 from batchpilot_triton import endpoints, repositories
 
 MAX_QUEUE_DELAY_MICROSECONDS = 60_000_000
@@ -467,8 +467,8 @@ class Schedule(Model):
         if name is None:
             return name
         try:
-            known = calendars.is_known(name)
-        except calendars.CalendarsUnavailable as error:
+            known = calendar_names.is_known(name)
+        except calendar_names.CalendarsUnavailable as error:
             raise ValueError(f"calendar {name!r}: {error}") from None
         if not known:
             raise ValueError(f"unknown exchange calendar {name!r} (for example XNYS, XLON)")

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, ConfigDict, Field
 
-from batchpilot.policy import specs
+from batchpilot.api.v1alpha1 import specs
 
 
 class Model(specs.Model):
