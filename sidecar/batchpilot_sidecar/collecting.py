@@ -148,6 +148,27 @@ def sum_rates(intervals: Collection[scraping.ModelRates]) -> scraping.ModelRates
     )
 
 
+REPOSITORY_READ_SECONDS = 5.0
+"""How long a read of the mounted model repository may take (a hung volume must not hold the
+collection loop; the thread it holds ends with the read)."""
+
+
+async def read_repository_arguments(
+    repository: Path, model: str
+) -> repositories.RepositoryArguments:
+    """A model's engine arguments from the repository, or TimeoutError after
+    `REPOSITORY_READ_SECONDS`."""
+    try:
+        async with asyncio.timeout(REPOSITORY_READ_SECONDS):
+            return await asyncio.to_thread(
+                repositories.read_repository_arguments, repository, model
+            )
+    except TimeoutError:
+        raise TimeoutError(
+            f"reading model {model}'s engine arguments took over {REPOSITORY_READ_SECONDS:g} s"
+        ) from None
+
+
 class ModelState:
     """One model's windows. Mutable, owned by the collector."""
 
@@ -412,10 +433,8 @@ class Collector:
         if self.model_repository is None or not modelconfigs.served_by_vllm(config):
             return None
         try:
-            found = await asyncio.to_thread(
-                repositories.read_repository_arguments, self.model_repository, model
-            )
-        except repositories.RepositoryError as error:
+            found = await read_repository_arguments(self.model_repository, model)
+        except (repositories.RepositoryError, TimeoutError) as error:
             logger.warning(
                 "model %s: the most sequences its engine runs are unknown: %s", model, error
             )

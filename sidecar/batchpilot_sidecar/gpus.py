@@ -261,9 +261,10 @@ class GpuMonitor:
         self.pod = pod
         self.timeout = timeout
         self._session: aiohttp.ClientSession | None = None
+        self._nvml_read: asyncio.Future[GpuTelemetry] | None = None
 
     async def read(self) -> GpuTelemetry:
-        telemetry = await asyncio.to_thread(self.nvml.read)
+        telemetry = await self._read_nvml()
         if telemetry.available or self.dcgm_url is None:
             return telemetry
         try:
@@ -279,8 +280,23 @@ class GpuMonitor:
             )
         return GpuTelemetry(source="dcgm", gpus=readings)
 
+    async def _read_nvml(self) -> GpuTelemetry:
+        """NVML's reading, or why there is none within `timeout`. NVML's calls block in a thread
+        that no deadline can stop: a driver that hangs holds that thread, so a read still under
+        way is waited on again rather than joined by another."""
+        if self._nvml_read is None or self._nvml_read.done():
+            self._nvml_read = asyncio.ensure_future(asyncio.to_thread(self.nvml.read))
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._nvml_read), self.timeout)
+        except TimeoutError:
+            return GpuTelemetry(
+                source=None, reason=f"NVML did not answer within {self.timeout:g} s"
+            )
+
     async def close(self) -> None:
-        await asyncio.to_thread(self.nvml.close)
+        # The process is ending: a driver that hangs must not hold it.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.to_thread(self.nvml.close), self.timeout)
         if self._session is not None:
             await self._session.close()
             self._session = None

@@ -79,11 +79,11 @@ def application(
                 status=404,
             )
         try:
-            found = await asyncio.to_thread(
-                repositories.read_repository_arguments, model_repository, model
-            )
+            found = await collecting.read_repository_arguments(model_repository, model)
         except repositories.RepositoryError as error:
             return web.json_response({"error": str(error)}, status=_status_of(error))
+        except TimeoutError as error:
+            return web.json_response({"error": str(error)}, status=504)
         # Never a credential the file carries: anything that reaches this port could read it.
         served = repositories.without_credentials(found)
         return web.json_response({"model": model, **served.to_json()})

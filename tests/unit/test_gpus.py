@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -211,3 +212,37 @@ async def test_without_nvml_or_dcgm_both_reasons_are_given() -> None:
     assert not telemetry.available
     assert telemetry.reason is not None
     assert telemetry.reason.startswith("NVML could not be initialised: Driver Not Loaded; DCGM")
+
+
+class HangingNvml(FakeNvml):
+    """A driver whose device count blocks until released, counting the calls that blocked."""
+
+    def __init__(self, *devices: FakeGpu) -> None:
+        super().__init__(*devices)
+        self.release = threading.Event()
+        self.blocked = 0
+
+    def nvmlDeviceGetCount(self) -> int:
+        self.blocked += 1
+        self.release.wait(timeout=30)
+        return super().nvmlDeviceGetCount()
+
+
+async def test_a_hanging_driver_costs_a_read_its_deadline_and_one_thread_not_one_per_read() -> None:
+    nvml = HangingNvml(FakeGpu())
+    monitor = gpus.GpuMonitor(reader(nvml), timeout=0.2)
+    try:
+        first = await monitor.read()
+        second = await monitor.read()
+        assert first.reason == second.reason == "NVML did not answer within 0.2 s"
+        assert not first.available
+        assert nvml.blocked == 1  # the second read waited on the first, started none
+        nvml.release.set()
+        for _ in range(50):  # the held read ends; the next one answers
+            third = await monitor.read()
+            if third.available:
+                break
+        assert third.source == "nvml"
+    finally:
+        nvml.release.set()
+        await monitor.close()

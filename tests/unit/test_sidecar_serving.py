@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import yarl
 
 from batchpilot import cli
 from batchpilot_sidecar import advising, collecting, recommending, serving, telemetry
+from batchpilot_triton import repositories
 from fake_nvml import GIB, FakeGpu
 from fake_triton import FakeModel, FakeTriton
 from sidecar_builders import (
@@ -375,6 +377,27 @@ async def test_a_model_without_engine_arguments_is_not_found_with_the_reason(
         status, body = await get(f"{url}/v1/models/{model}/engine-arguments")
     assert status == 404
     assert error in body["error"]
+
+
+async def test_a_repository_that_hangs_is_a_gateway_timeout_within_the_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release = threading.Event()
+
+    def hanging_read(repository: Path, model: str) -> Any:
+        release.wait(timeout=30)
+        raise AssertionError("the read outlived its deadline and was still awaited")
+
+    monkeypatch.setattr(collecting, "REPOSITORY_READ_SECONDS", 0.2)
+    monkeypatch.setattr(repositories, "read_repository_arguments", hanging_read)
+    collector = make_collector(FakeTriton(), Clock(), model_repository=llm_repository(tmp_path))
+    try:
+        async with serving_app(collector) as url:
+            status, body = await get(f"{url}/v1/models/tiny_llm/engine-arguments")
+    finally:
+        release.set()
+    assert status == 504
+    assert body["error"] == "reading model tiny_llm's engine arguments took over 0.2 s"
 
 
 async def test_without_a_model_repository_there_are_no_engine_arguments_to_serve() -> None:
