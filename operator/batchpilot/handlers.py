@@ -22,6 +22,13 @@ def controller_of(memo: Any) -> operating.Controller:
     return controller
 
 
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """kopf logs in with the Kubernetes client's configuration (in-cluster, else the
+    kubeconfig), the one the operator's own client uses (`kube.client`): one login for both."""
+    return kopf.login_via_client(**kwargs)
+
+
 @kopf.on.startup()
 async def configure(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     # kopf's own bookkeeping goes into batchpilot.dev annotations; the status is ours alone.

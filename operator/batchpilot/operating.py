@@ -15,18 +15,18 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import kopf
 import kubernetes.client
-import kubernetes.config
 
-from batchpilot import reconciling, reporting, telemetry
+from batchpilot import reconciling, telemetry
 from batchpilot.api.v1alpha1 import specs
 from batchpilot.applying import backoffs, fleets, pod_repositories
 from batchpilot.applying.replicas import Replica
+from batchpilot.kube import client, events, policies, secret_credentials
 from batchpilot.kube import pods as kube_pods
-from batchpilot.kube import policies, secret_credentials
+from batchpilot.kube.client import KubeError
 from batchpilot.policy import governing
 from batchpilot.signals import prometheus, sidecars, sources
 
@@ -46,15 +46,6 @@ class Options:
     metrics_host: str = "0.0.0.0"  # noqa: S104 - scraped by Prometheus from outside the Pod
     metrics_port: int | None = 9402
     verbose: bool = False
-
-
-def kubernetes_api() -> kubernetes.client.ApiClient:
-    """In-cluster credentials when running in a Pod, else the kubeconfig (as kopf does)."""
-    try:
-        kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
-    except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config()  # type: ignore[no-untyped-call]
-    return kubernetes.client.ApiClient()
 
 
 def signal_sources(fleet: fleets.TritonFleet) -> reconciling.SignalSourceFactory:
@@ -96,11 +87,15 @@ class StatusWriter(Protocol):
     async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None: ...
 
 
-def post_event(body: Mapping[str, Any], event: reporting.Event) -> None:
-    """An Event on the policy, through kopf's poster (the body is kopf's, from the daemon)."""
-    kopf.event(
-        cast(kopf.Body, body), type=event.type, reason=event.reason, message=event.message[:1024]
-    )
+class EventPoster(Protocol):
+    async def post(
+        self,
+        involved: Mapping[str, Any],
+        *,
+        type: events.EventType,  # noqa: A002 - the Event's own field name
+        reason: str,
+        message: str,
+    ) -> None: ...
 
 
 GovernorEntry = tuple[str, str, dict[str, Any]]
@@ -118,8 +113,8 @@ class Controller:
     options: Options
     reconciler: reconciling.Reconciler
     policies: StatusWriter
+    events: EventPoster
     metrics: telemetry.ControllerMetrics
-    post: Callable[[Mapping[str, Any], reporting.Event], None] = post_event
     clock: Callable[[], datetime.datetime] = utc_now
     wakeups: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
     pods_seen: dict[str, tuple[Any, ...]] = field(default_factory=dict)
@@ -239,15 +234,16 @@ class Controller:
         for event in outcome.events:
             if event.reason in ("ProfileSwitched", "DryRunDecision"):
                 logger.info("%s/%s: %s", namespace, name, event.message)
-            self.post(body, event)
+            await self.events.post(
+                body, type=event.type, reason=event.reason, message=event.message
+            )
         left: Mapping[str, Any] | None = status
         if _changed(status, outcome.status):
             try:
                 await self.policies.patch_status(namespace, name, outcome.status)
                 left = merge_patch(status, outcome.status)
-            except (kubernetes.client.ApiException, TimeoutError) as error:
-                reason = getattr(error, "reason", None) or "no answer in time"
-                logger.warning("%s/%s: status not written: %s", namespace, name, reason)
+            except KubeError as error:
+                logger.warning("%s/%s: status not written: %s", namespace, name, error.reason)
                 left = None  # read it from the body again
         delay = self.options.interval
         if outcome.wake_at is not None:
@@ -330,10 +326,11 @@ def triton_fleet() -> fleets.TritonFleet:
 
 
 def build_controller(options: Options) -> Controller:
-    api = kubernetes_api()
+    client.load_configuration()
+    kube = client.KubeClient(kubernetes.client.ApiClient())
     fleet = triton_fleet()
     metrics = telemetry.controller_metrics()
-    pods = kube_pods.Pods(api)
+    pods = kube_pods.Pods(kube)
     reconciler = reconciling.Reconciler(
         replicas=pods,
         gates=pods,
@@ -341,12 +338,13 @@ def build_controller(options: Options) -> Controller:
         signal_source=signal_sources(fleet),
         metrics=metrics,
         settle_seconds=options.settle_seconds,
-        credential_source=secret_credentials.SecretCredentials(api),
+        credential_source=secret_credentials.SecretCredentials(kube),
     )
     controller = Controller(
         options=options,
         reconciler=reconciler,
-        policies=policies.Policies(api),
+        policies=policies.Policies(kube),
+        events=events.Events(kube),
         metrics=metrics,
         pods=pods,
     )

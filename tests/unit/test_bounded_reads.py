@@ -22,6 +22,7 @@ from aiohttp import web
 from batchpilot.api.v1alpha1 import specs
 from batchpilot.applying import engines, pod_repositories
 from batchpilot.applying.replicas import Replica
+from batchpilot.kube import client
 from batchpilot.kube import pods as kube_pods
 from batchpilot.signals import prometheus, sidecars, sources
 from batchpilot_triton import responses, scraping, servers
@@ -240,7 +241,7 @@ async def test_no_prometheus_query_outlives_a_read_the_tick_gave_up_on(
 
 def pods_of_tenant_b() -> kube_pods.Pods:
     """Tenant B's Pods as a tick finds them: in the operator's watch-fed index."""
-    reader = kube_pods.Pods(kubernetes.client.ApiClient())
+    reader = kube_pods.Pods(client.KubeClient(kubernetes.client.ApiClient()))
     pod = {
         "metadata": {"name": "triton-b", "labels": {"app": "triton"}},
         "spec": {"containers": [{"name": "triton", "ports": []}]},

@@ -16,6 +16,7 @@ from batchpilot import handlers, operating, reconciling, reporting, telemetry
 from batchpilot.api.v1alpha1 import specs
 from batchpilot.applying import fleets
 from batchpilot.applying.replicas import Replica
+from batchpilot.kube import client
 from batchpilot.kube import pods as kube_pods
 from batchpilot.policy import governing
 from batchpilot.signals import prometheus, sidecars, sources
@@ -74,8 +75,8 @@ class Recorder:
     async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         self.statuses.append(status)
 
-    def post(self, body: Any, event: reporting.Event) -> None:
-        self.events.append(event.reason)
+    async def post(self, body: Any, *, type: str, reason: str, message: str) -> None:  # noqa: A002
+        self.events.append(reason)
 
 
 class Stopped:
@@ -99,7 +100,7 @@ def controller(
         reconciler=reconciler,  # type: ignore[arg-type]
         policies=recorder,
         metrics=telemetry.controller_metrics(),
-        post=recorder.post,
+        events=recorder,
         clock=lambda: START + datetime.timedelta(seconds=asyncio.get_running_loop().time()),
     )
 
@@ -367,7 +368,7 @@ def test_the_pods_index_keeps_each_pod_trimmed_under_its_namespace() -> None:
 
 
 def test_the_handlers_hand_kopf_s_index_of_pods_to_the_reader_of_replicas() -> None:
-    reader = kube_pods.Pods(kubernetes.client.ApiClient())
+    reader = kube_pods.Pods(client.KubeClient(kubernetes.client.ApiClient()))
     subject = dataclasses.replace(controller(ScriptedReconciler(), Recorder()), pods=reader)
     index: dict[str | None, list[dict[str, Any]]] = {"ns": []}
     subject.attach_pods(index)

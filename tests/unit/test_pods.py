@@ -10,7 +10,7 @@ import pytest
 
 from batchpilot.api.v1alpha1 import specs
 from batchpilot.applying.replicas import ServingContainer
-from batchpilot.kube import pods
+from batchpilot.kube import client, pods
 
 
 def pod(
@@ -100,7 +100,7 @@ def labelled(name: str, **labels: str) -> dict[str, Any]:
 
 
 def test_a_policy_s_replicas_are_the_indexed_pods_of_its_namespace_its_selector_matches() -> None:
-    reader = pods.Pods(kubernetes.client.ApiClient())
+    reader = pods.Pods(client.KubeClient(kubernetes.client.ApiClient()))
     reader.index = {
         "desk": [
             labelled("a", app="triton", zone="a"),
@@ -128,7 +128,11 @@ def test_a_policy_s_replicas_are_the_indexed_pods_of_its_namespace_its_selector_
 
 def test_without_the_index_a_pass_fails_instead_of_finding_no_replicas() -> None:
     with pytest.raises(RuntimeError, match="index is not filled"):
-        asyncio.run(pods.Pods(kubernetes.client.ApiClient()).replicas("desk", target_spec()))
+        asyncio.run(
+            pods.Pods(client.KubeClient(kubernetes.client.ApiClient())).replicas(
+                "desk", target_spec()
+            )
+        )
 
 
 def triton_and_sidecar(*statuses: dict[str, Any]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from batchpilot import reconciling, telemetry
 from batchpilot.api.v1alpha1 import specs
 from batchpilot.applying import credentials
 from batchpilot.applying.replicas import Replica
-from batchpilot.kube import secret_credentials
+from batchpilot.kube import client, secret_credentials
 from batchpilot_triton import servers
 from builders import spec_document, utc
 
@@ -184,9 +184,9 @@ class FakeCoreApi:
 
 
 def secret_source(api: FakeCoreApi) -> secret_credentials.SecretCredentials:
-    source = secret_credentials.SecretCredentials(kubernetes.client.ApiClient())
-    source._core = api  # type: ignore[assignment]
-    return source
+    kube = client.KubeClient(kubernetes.client.ApiClient())
+    kube.core = api  # type: ignore[assignment]
+    return secret_credentials.SecretCredentials(kube)
 
 
 async def test_the_secret_is_read_in_the_policys_own_namespace_only() -> None:

@@ -22,11 +22,9 @@ import datetime
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import kubernetes.client
-
 from batchpilot.api.v1alpha1 import specs
 from batchpilot.applying.replicas import Replica, ServingContainer
-from batchpilot.kube import calls
+from batchpilot.kube.client import KubeClient
 from batchpilot.policy import governing
 
 GATE = "batchpilot.dev/config-applied"
@@ -158,9 +156,8 @@ class Pods:
     """Reads a policy's Pods from the watch-fed index and writes their gate condition through
     the Kubernetes API."""
 
-    def __init__(self, api: kubernetes.client.ApiClient, *, timeout: float = 10.0) -> None:
-        self._core = kubernetes.client.CoreV1Api(api)
-        self._timeout = timeout
+    def __init__(self, client: KubeClient) -> None:
+        self._client = client
         self.index: PodIndex | None = None
         """kopf's index of every watched Pod (`handlers.pods_by_namespace`), live; the handlers
         hand it over before the first pass."""
@@ -186,11 +183,11 @@ class Pods:
                 "%Y-%m-%dT%H:%M:%SZ"
             ),
         }
-        await calls.bounded(
-            self._core.patch_namespaced_pod_status,
+        await self._client.call(
+            f"setting the gate of Pod {namespace}/{pod}",
+            self._client.core.patch_namespaced_pod_status,
             pod,
             namespace,
             {"status": {"conditions": [condition]}},
             _content_type=STRATEGIC_MERGE,
-            read_timeout=self._timeout,
         )

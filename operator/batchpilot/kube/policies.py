@@ -4,23 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
-import kubernetes.client
-
 from batchpilot.api import names, v1alpha1
-from batchpilot.kube import calls
+from batchpilot.kube.client import KubeClient
 
 MERGE = "application/merge-patch+json"
 
 
 class Policies:
-    def __init__(self, api: kubernetes.client.ApiClient, *, timeout: float = 10.0) -> None:
-        self._custom = kubernetes.client.CustomObjectsApi(api)
-        self._timeout = timeout
+    def __init__(self, client: KubeClient) -> None:
+        self._client = client
 
     async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         """Replace the status fields given (a merge patch: lists are written whole)."""
-        await calls.bounded(
-            self._custom.patch_namespaced_custom_object_status,
+        await self._client.call(
+            f"writing the status of {names.KIND} {namespace}/{name}",
+            self._client.custom.patch_namespaced_custom_object_status,
             names.GROUP,
             v1alpha1.VERSION,
             namespace,
@@ -28,5 +26,4 @@ class Policies:
             name,
             {"status": status},
             _content_type=MERGE,
-            read_timeout=self._timeout,
         )

@@ -14,19 +14,16 @@ import binascii
 import json
 from typing import Any
 
-import kubernetes.client
-
 from batchpilot.api.v1alpha1 import specs
 from batchpilot.applying import credentials
-from batchpilot.kube import calls
+from batchpilot.kube.client import KubeClient, KubeError
 
 
 class SecretCredentials:
     """`credentials.CredentialSource` over the Kubernetes API."""
 
-    def __init__(self, api: kubernetes.client.ApiClient, *, timeout: float = 10.0) -> None:
-        self._core = kubernetes.client.CoreV1Api(api)
-        self._timeout = timeout
+    def __init__(self, client: KubeClient) -> None:
+        self._client = client
 
     async def repository_headers(
         self, namespace: str, credential: specs.RepositoryCredential | None
@@ -35,17 +32,15 @@ class SecretCredentials:
             return {}
         where = f"Secret {namespace}/{credential.secret_name}"
         try:
-            response: Any = await calls.bounded(
-                self._core.read_namespaced_secret,
+            response: Any = await self._client.call(
+                f"reading {where}",
+                self._client.core.read_namespaced_secret,
                 credential.secret_name,
                 namespace,
                 _preload_content=False,
-                read_timeout=self._timeout,
             )
-        except kubernetes.client.ApiException as error:
-            raise credentials.CredentialUnavailable(_refusal(where, error.status)) from None
-        except TimeoutError:
-            raise credentials.CredentialUnavailable(f"reading {where} timed out") from None
+        except KubeError as error:
+            raise credentials.CredentialUnavailable(_refusal(where, error)) from None
         data = (json.loads(response.data).get("data") or {}).get(credential.key)
         if data is None:
             raise credentials.CredentialUnavailable(f"{where} has no key {credential.key!r}")
@@ -58,7 +53,10 @@ class SecretCredentials:
         )
 
 
-def _refusal(where: str, status: int | None) -> str:
+def _refusal(where: str, error: KubeError) -> str:
+    status = error.status
+    if status is None:
+        return f"reading {where} failed: {error.reason}"
     if status == 404:
         return f"{where} does not exist"
     if status == 403:
