@@ -26,7 +26,6 @@ from batchpilot.applying import backoffs, fleets, pod_repositories
 from batchpilot.applying.replicas import Replica
 from batchpilot.kube import client, events, policies, secret_credentials
 from batchpilot.kube import pods as kube_pods
-from batchpilot.kube.client import KubeError
 from batchpilot.policy import governing
 from batchpilot.signals import prometheus, sidecars, sources
 
@@ -84,7 +83,9 @@ def signal_sources(fleet: fleets.TritonFleet) -> reconciling.SignalSourceFactory
 
 
 class StatusWriter(Protocol):
-    async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None: ...
+    async def write_status(
+        self, namespace: str, name: str, known: Mapping[str, Any], wanted: Mapping[str, Any]
+    ) -> Mapping[str, Any] | None: ...
 
 
 class EventPoster(Protocol):
@@ -237,14 +238,7 @@ class Controller:
             await self.events.post(
                 body, type=event.type, reason=event.reason, message=event.message
             )
-        left: Mapping[str, Any] | None = status
-        if _changed(status, outcome.status):
-            try:
-                await self.policies.patch_status(namespace, name, outcome.status)
-                left = merge_patch(status, outcome.status)
-            except KubeError as error:
-                logger.warning("%s/%s: status not written: %s", namespace, name, error.reason)
-                left = None  # read it from the body again
+        left = await self.policies.write_status(namespace, name, status, outcome.status)
         delay = self.options.interval
         if outcome.wake_at is not None:
             until = (outcome.wake_at - self.clock()).total_seconds()
@@ -287,31 +281,8 @@ class Controller:
             self.pods_seen[uid] = fingerprint
         labels = metadata.get("labels") or {}
         for policy, selector in index.get(namespace, []):
-            if selects(selector, labels):
+            if governing.selects(selector, labels):
                 self.poke(namespace, policy)
-
-
-def merge_patch(target: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
-    """`target` after a JSON merge patch (RFC 7386): objects merge, null deletes, the rest and
-    lists are replaced."""
-    merged = dict(target)
-    for key, value in patch.items():
-        if value is None:
-            merged.pop(key, None)
-        elif isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
-            merged[key] = merge_patch(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
-
-
-def _changed(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
-    return any(current.get(key) != value for key, value in wanted.items())
-
-
-def selects(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    """Label-selector semantics, for deciding whom a Pod's change concerns."""
-    return governing.selects(selector, labels)
 
 
 def pod_snapshot(pod: Mapping[str, Any]) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from batchpilot.applying import fleets
 from batchpilot.applying.replicas import Replica
 from batchpilot.kube import client
 from batchpilot.kube import pods as kube_pods
+from batchpilot.kube import policies as kube_policies
 from batchpilot.policy import governing
 from batchpilot.signals import prometheus, sidecars, sources
 from batchpilot_harness import local_triton
@@ -67,7 +68,9 @@ class ScriptedReconciler:
         )
 
 
-class Recorder:
+class Recorder(kube_policies.Policies):
+    """The status writer with its API call recorded, and the events poster."""
+
     def __init__(self) -> None:
         self.statuses: list[dict[str, Any]] = []
         self.events: list[str] = []
@@ -147,12 +150,29 @@ async def test_a_pass_starts_from_the_status_the_loop_wrote_before_the_body_catc
 def test_the_remembered_status_follows_merge_patch_semantics() -> None:
     before = {"activeProfile": "bulk", "targets": {"a": 1, "b": 2}, "conditions": [1, 2]}
     patch = {"targets": {"b": None, "c": 3}, "conditions": [3], "lastError": None}
-    assert operating.merge_patch(before, patch) == {
+    assert kube_policies.merge_patch(before, patch) == {
         "activeProfile": "bulk",
         "targets": {"a": 1, "c": 3},
         "conditions": [3],
     }
     assert before["targets"] == {"a": 1, "b": 2}  # not changed in place
+
+
+async def test_the_status_is_written_only_when_a_field_changed_and_a_failed_write_is_unknown() -> (
+    None
+):
+    class Refused(Recorder):
+        async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+            raise client.KubeError("writing the status", 409, "Conflict")
+
+    known = {"activeProfile": "bulk", "targets": {"a": 1}}
+    writer = Recorder()
+    assert await writer.write_status("ns", "p", known, {"activeProfile": "bulk"}) is known
+    assert writer.statuses == []
+    after = await writer.write_status("ns", "p", known, {"targets": {"b": 2}})
+    assert writer.statuses == [{"targets": {"b": 2}}]
+    assert after == {"activeProfile": "bulk", "targets": {"a": 1, "b": 2}}
+    assert await Refused().write_status("ns", "p", known, {"activeProfile": "x"}) is None
 
 
 @pytest.mark.looptime
@@ -269,7 +289,7 @@ def test_pod_changes_poke_only_the_policies_that_select_the_pod() -> None:
 def test_selector_semantics(
     selector: dict[str, Any], labels: dict[str, str], selected: bool
 ) -> None:
-    assert operating.selects(selector, labels) is selected
+    assert governing.selects(selector, labels) is selected
 
 
 def sidecar_target(name: str, sidecar_port: int | None) -> Replica:
