@@ -54,7 +54,7 @@ def signal_sources(fleet: fleets.TritonFleet) -> reconciling.SignalSourceFactory
     def build(
         namespace: str, policy: specs.BatchPolicySpec, targets: Sequence[Replica]
     ) -> reconciling.SignalSource:
-        source = policy.load.source if policy.load else "sidecar"
+        source = policy.signal_source
         if source == "prometheus" and policy.load and policy.load.prometheus:
             return prometheus.PrometheusSource(
                 policy.load.prometheus.url,

@@ -411,7 +411,7 @@ class Reconciler:
         if not wanted:
             return sources.Reading(signals=decisions.Signals())
         prometheus = policy.load.prometheus.url if policy.load and policy.load.prometheus else ""
-        source = policy.load.source if policy.load else "sidecar"
+        source = policy.signal_source
         slo = policy.slo.model_dump_json() if policy.slo else ""
         key = (source, prometheus, slo, *(f"{r.http_url} {r.sidecar_url}" for r in replicas))
         if state.source is None or state.source_key != key:

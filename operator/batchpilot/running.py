@@ -189,7 +189,7 @@ async def run_standalone(
         await telemetry.serve(metrics.registry, host=listen[0], port=listen[1]) if listen else None
     )
     source: sources.SignalSource
-    if sidecar_urls and (spec.load is None or spec.load.source == "sidecar"):
+    if sidecar_urls and spec.signal_source == "sidecar":
         source = sidecars.SidecarSource(sidecar_urls, models=spec.target.models, slo=spec.slo)
         signals_from = f"sidecars {', '.join(sidecar_urls)}"
     else:

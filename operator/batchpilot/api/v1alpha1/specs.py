@@ -69,6 +69,9 @@ def _cel_rules_into_schema(schema: dict[str, Any], model: type[Any]) -> None:
         schema["x-kubernetes-validations"] = [rule.as_cel_validation() for rule in rules]
 
 
+SignalSourceKind = Literal["sidecar", "triton", "prometheus"]
+
+
 class Model(pydantic.BaseModel):
     """Base of every API object: immutable, camelCase on the wire, unknown fields rejected."""
 
@@ -528,7 +531,7 @@ class PrometheusSource(Model):
 class Load(Model):
     """Load rules: switch profiles on live signals, with hysteresis."""
 
-    source: Literal["sidecar", "triton", "prometheus"] = "sidecar"
+    source: SignalSourceKind = "sidecar"
     """Where signals come from: the batchpilot sidecar on each Pod (default; also the only
     source of autotune recommendations), Triton's own metrics endpoint on each Pod (no sidecar
     needed), or a Prometheus server that scrapes them."""
@@ -728,6 +731,11 @@ class BatchPolicySpec(Model):
     def slo_governs(self, profile: str) -> bool:
         """Whether the latency objective applies while `profile` is active."""
         return self.slo is not None and (not self.slo.profiles or profile in self.slo.profiles)
+
+    @property
+    def signal_source(self) -> SignalSourceKind:
+        """Where the load signals come from: `load.source`, the sidecars without a `load`."""
+        return self.load.source if self.load else "sidecar"
 
 
 def parse_spec(document: Any) -> BatchPolicySpec:
