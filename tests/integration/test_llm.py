@@ -272,6 +272,11 @@ BURST_OUTPUT_TOKENS = 448
 """Tokens each request of the switch's bursts decodes (with its 32 prompt tokens, within the
 test model's max_model_len of 512): seconds of steps, against which a loaded client's spread in
 sending the burst is small."""
+AFTER_SWITCH_OUTPUT_TOKENS = 128
+"""Tokens each request of the burst after the switch decodes. No step of an engine held to
+2 sequences runs more than 2 whatever the burst's length; one that ignored the limit would run
+the 8 together for about a second of steps, still long against that spread. At 2 sequences a
+step, 448 tokens each took 12 s."""
 
 
 async def test_the_sidecar_fits_the_engine_s_step_time_and_recommends_its_limits(
@@ -388,7 +393,9 @@ async def test_a_switch_under_streaming_load_fails_no_request_and_the_engine_run
     assert not again.reloaded
     # The engine runs the new arguments: of a burst of 8 sent at once, its steps ran more than
     # the new settings allow before, and 2 at most after.
-    after = await burst_in_the_engine(llm_server, size=BURST, output_tokens=BURST_OUTPUT_TOKENS)
+    after = await burst_in_the_engine(
+        llm_server, size=BURST, output_tokens=AFTER_SWITCH_OUTPUT_TOKENS
+    )
     print(
         f"\nswitch under streaming load: applied in {applied.seconds:.1f}s, "
         f"{len(completions)} streams, {len(failures)} failed; in a burst of {BURST}, the engine's"
