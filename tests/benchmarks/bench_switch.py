@@ -36,7 +36,7 @@ the two profiles (the higher one). The full mode runs each client alone, so that
 is its own; the short mode runs the four at once, a quarter of the rate each.
 
     python tests/benchmarks/bench_switch.py           # 4 replicas, 4 switches, each client alone
-    python tests/benchmarks/bench_switch.py --short   # CI: 2 replicas, 2 switches, all at once
+    python tests/benchmarks/bench_switch.py --short   # CI: 2 replicas, 1 switch, all at once
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def plan(*, short: bool, replicas: int | None) -> Plan:
     if short:
         return Plan(
             replicas=replicas or 2,
-            switches=2,
+            switches=1,
             steady_seconds=5.0,
             settle_seconds=5.0,
             drain_timeout_seconds=4,
@@ -719,7 +719,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "drain, for four kinds of client."
     )
     parser.add_argument(
-        "--short", action="store_true", help="2 replicas, 2 switches, the clients at once"
+        "--short", action="store_true", help="2 replicas, 1 switch, the clients at once"
     )
     parser.add_argument("--replicas", type=int, help="Triton Pods (default 4; --short: 2)")
     benchmarking.output_arguments(parser)
