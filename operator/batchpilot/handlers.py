@@ -61,8 +61,10 @@ async def close(*, memo: Any, **_: Any) -> None:
     await controller_of(memo).reconciler.fleet.close()
 
 
+# The index and event handlers are coroutines though they do no I/O: kopf runs plain functions in
+# its thread pool, and every Pod and policy event would take a trip through it.
 @kopf.index(GROUP, VERSION, PLURAL)
-def policies_by_namespace(
+async def policies_by_namespace(
     *, namespace: str | None, name: str, spec: kopf.Spec, **_: Any
 ) -> dict[str | None, tuple[str, dict[str, Any]]]:
     """Which policies select which Pods, so a Pod change pokes only its policies."""
@@ -70,7 +72,7 @@ def policies_by_namespace(
 
 
 @kopf.index(GROUP, VERSION, PLURAL)
-def governors_by_namespace(
+async def governors_by_namespace(
     *, namespace: str | None, name: str, spec: kopf.Spec, meta: kopf.Meta, **_: Any
 ) -> dict[str | None, operating.GovernorEntry]:
     """Which policies select which Pods, and since when: the oldest of several governs a Pod."""
@@ -79,7 +81,7 @@ def governors_by_namespace(
 
 
 @kopf.index("", "v1", "pods")
-def pods_by_namespace(
+async def pods_by_namespace(
     *, namespace: str | None, body: kopf.Body, **_: Any
 ) -> dict[str | None, dict[str, Any]]:
     """Every watched Pod, trimmed to what batchpilot reads: each pass finds its policy's
@@ -118,7 +120,7 @@ async def reconcile(
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-def policy_changed(
+async def policy_changed(
     *, namespace: str | None, name: str, body: kopf.Body, memo: Any, **_: Any
 ) -> None:
     if namespace and body.meta.get("generation") != body.status.get("observedGeneration"):

@@ -355,7 +355,7 @@ async def test_the_governors_are_read_from_kopf_s_live_index_of_every_policy() -
     assert subject.governors("elsewhere") == []
 
 
-def test_the_governors_index_keeps_each_policy_s_name_creation_time_and_selector() -> None:
+async def test_the_governors_index_keeps_each_policy_s_name_creation_time_and_selector() -> None:
     body = kopf.Body(
         {
             "metadata": {
@@ -366,13 +366,13 @@ def test_the_governors_index_keeps_each_policy_s_name_creation_time_and_selector
             "spec": {"target": {"selector": {"matchLabels": {"app": "triton"}}}},
         }
     )
-    entry = handlers.governors_by_namespace(
+    entry = await handlers.governors_by_namespace(
         namespace="ns", name="desk", spec=body.spec, meta=body.metadata
     )
     assert entry == {"ns": ("desk", "2026-01-01T00:00:00Z", {"matchLabels": {"app": "triton"}})}
 
 
-def test_the_pods_index_keeps_each_pod_trimmed_under_its_namespace() -> None:
+async def test_the_pods_index_keeps_each_pod_trimmed_under_its_namespace() -> None:
     body = kopf.Body(
         {
             "metadata": {"name": "triton-0", "namespace": "ns", "labels": {"app": "triton"},
@@ -381,7 +381,7 @@ def test_the_pods_index_keeps_each_pod_trimmed_under_its_namespace() -> None:
             "status": {"phase": "Running", "podIP": "10.88.0.7", "hostIP": "10.0.0.1"},
         }
     )  # fmt: skip
-    (entry,) = handlers.pods_by_namespace(namespace="ns", body=body).items()
+    (entry,) = (await handlers.pods_by_namespace(namespace="ns", body=body)).items()
     assert entry[0] == "ns"
     assert entry[1]["metadata"] == {"name": "triton-0", "labels": {"app": "triton"}}
     assert entry[1]["status"] == {"phase": "Running", "podIP": "10.88.0.7"}
