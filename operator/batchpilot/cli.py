@@ -28,6 +28,11 @@ from batchpilot.applying import credentials
 from batchpilot_triton import endpoints
 
 PLUGIN_GROUP = "batchpilot.commands"
+ADDED_ELSEWHERE = {
+    "demo": "it comes with batchpilot's tooling, from a checkout: `make demo`",
+    "sidecar": "it comes with the batchpilot-sidecar distribution",
+}
+"""Commands other distributions add, and where from: an installation without one says so."""
 REPOSITORY_TOKEN_ENV = "BATCHPILOT_REPOSITORY_TOKEN"  # noqa: S105 - a variable name, not a value
 
 
@@ -141,14 +146,17 @@ def _listen(text: str, *, option: str) -> tuple[str, int] | None:
 
 
 def _plugins() -> list[tuple[str, ModuleType | Exception]]:
-    """The commands other packages add, each loaded, or the error that kept it out."""
-    found: list[tuple[str, ModuleType | Exception]] = []
-    for entry in sorted(metadata.entry_points(group=PLUGIN_GROUP), key=lambda e: e.name):
+    """The commands other packages add, each loaded, or the error that kept it out; a known
+    command no installed distribution adds, with where it comes from."""
+    found: dict[str, ModuleType | Exception] = {}
+    for entry in metadata.entry_points(group=PLUGIN_GROUP):
         try:
-            found.append((entry.name, entry.load()))
+            found[entry.name] = entry.load()
         except ImportError as error:
-            found.append((entry.name, error))
-    return found
+            found[entry.name] = error
+    for name, where in ADDED_ELSEWHERE.items():
+        found.setdefault(name, LookupError(where))
+    return sorted(found.items())
 
 
 def _unavailable(name: str, error: Exception) -> int:

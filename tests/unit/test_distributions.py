@@ -84,3 +84,18 @@ def test_a_command_whose_package_is_not_installed_says_so(
     monkeypatch.setattr(metadata, "entry_points", lambda group: [absent])
     assert cli.main(["demo", "--short"]) == 2
     assert "batchpilot demo: not part of this installation" in capsys.readouterr().err
+
+
+def test_a_command_no_installed_distribution_adds_says_where_it_comes_from(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The product's own distribution (the operator's image) adds no `demo`: the tooling does.
+    from importlib import metadata
+
+    from batchpilot import cli
+
+    monkeypatch.setattr(metadata, "entry_points", lambda group: [])
+    assert cli.main(["demo"]) == 2
+    error = capsys.readouterr().err
+    assert "batchpilot demo: not part of this installation" in error
+    assert "batchpilot's tooling" in error
