@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from batchpilot_sidecar import decodesteps, gpus, steptimes
+from batchpilot_sidecar import decodesteps, gpus, steptimes, threads
 from batchpilot_triton import engine_metrics, modelconfigs, repositories, scraping, servers
 
 logger = logging.getLogger("batchpilot.sidecar")
@@ -149,24 +149,8 @@ def sum_rates(intervals: Collection[scraping.ModelRates]) -> scraping.ModelRates
 
 
 REPOSITORY_READ_SECONDS = 5.0
-"""How long a read of the mounted model repository may take (a hung volume must not hold the
-collection loop; the thread it holds ends with the read)."""
-
-
-async def read_repository_arguments(
-    repository: Path, model: str
-) -> repositories.RepositoryArguments:
-    """A model's engine arguments from the repository, or TimeoutError after
-    `REPOSITORY_READ_SECONDS`."""
-    try:
-        async with asyncio.timeout(REPOSITORY_READ_SECONDS):
-            return await asyncio.to_thread(
-                repositories.read_repository_arguments, repository, model
-            )
-    except TimeoutError:
-        raise TimeoutError(
-            f"reading model {model}'s engine arguments took over {REPOSITORY_READ_SECONDS:g} s"
-        ) from None
+"""How long a read of the mounted model repository may be waited on (a hung volume must not
+hold the collection loop; it holds one thread per model, `threads.OneAtATime`)."""
 
 
 class ModelState:
@@ -292,6 +276,7 @@ class Collector:
     ) -> None:
         self.triton = triton
         self.model_repository = model_repository
+        self._repository_reads = threads.OneAtATime()
         """Triton's model repository, where this sidecar reads it: the `model.json` of models
         served by vLLM."""
         self.gpu_monitor = gpu_monitor
@@ -433,13 +418,32 @@ class Collector:
         if self.model_repository is None or not modelconfigs.served_by_vllm(config):
             return None
         try:
-            found = await read_repository_arguments(self.model_repository, model)
+            found = await self.read_repository_arguments(model)
         except (repositories.RepositoryError, TimeoutError) as error:
             logger.warning(
                 "model %s: the most sequences its engine runs are unknown: %s", model, error
             )
             return None
         return found.arguments
+
+    async def read_repository_arguments(self, model: str) -> repositories.RepositoryArguments:
+        """A model's engine arguments from the mounted repository (the collection loop and
+        /engine-arguments share one read per model), or TimeoutError after
+        `REPOSITORY_READ_SECONDS`."""
+        if self.model_repository is None:
+            raise repositories.RepositoryError("this sidecar reads no model repository")
+        try:
+            return await self._repository_reads.call(
+                model,
+                REPOSITORY_READ_SECONDS,
+                repositories.read_repository_arguments,
+                self.model_repository,
+                model,
+            )
+        except TimeoutError:
+            raise TimeoutError(
+                f"reading model {model}'s engine arguments took over {REPOSITORY_READ_SECONDS:g} s"
+            ) from None
 
     def _succeeded(self, source: str, now: float, wall: float) -> None:
         self.health[source] = self.health[source].succeeded(now, wall)

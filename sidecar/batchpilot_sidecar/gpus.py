@@ -29,6 +29,8 @@ from typing import Any, Literal
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from batchpilot_sidecar import threads
+
 Source = Literal["nvml", "dcgm"]
 NVML_RETRY_SECONDS = 60.0
 
@@ -261,7 +263,7 @@ class GpuMonitor:
         self.pod = pod
         self.timeout = timeout
         self._session: aiohttp.ClientSession | None = None
-        self._nvml_read: asyncio.Future[GpuTelemetry] | None = None
+        self._nvml = threads.OneAtATime()
 
     async def read(self) -> GpuTelemetry:
         telemetry = await self._read_nvml()
@@ -281,13 +283,10 @@ class GpuMonitor:
         return GpuTelemetry(source="dcgm", gpus=readings)
 
     async def _read_nvml(self) -> GpuTelemetry:
-        """NVML's reading, or why there is none within `timeout`. NVML's calls block in a thread
-        that no deadline can stop: a driver that hangs holds that thread, so a read still under
-        way is waited on again rather than joined by another."""
-        if self._nvml_read is None or self._nvml_read.done():
-            self._nvml_read = asyncio.ensure_future(asyncio.to_thread(self.nvml.read))
+        """NVML's reading, or why there is none within `timeout` (a driver that hangs holds one
+        thread, not one per read)."""
         try:
-            return await asyncio.wait_for(asyncio.shield(self._nvml_read), self.timeout)
+            return await self._nvml.call("read", self.timeout, self.nvml.read)
         except TimeoutError:
             return GpuTelemetry(
                 source=None, reason=f"NVML did not answer within {self.timeout:g} s"

@@ -79,7 +79,7 @@ def application(
                 status=404,
             )
         try:
-            found = await collecting.read_repository_arguments(model_repository, model)
+            found = await collector.read_repository_arguments(model)
         except repositories.RepositoryError as error:
             return web.json_response({"error": str(error)}, status=_status_of(error))
         except TimeoutError as error:

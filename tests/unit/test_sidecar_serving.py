@@ -383,8 +383,10 @@ async def test_a_repository_that_hangs_is_a_gateway_timeout_within_the_deadline(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     release = threading.Event()
+    reads: list[str] = []
 
     def hanging_read(repository: Path, model: str) -> Any:
+        reads.append(model)
         release.wait(timeout=30)
         raise AssertionError("the read outlived its deadline and was still awaited")
 
@@ -394,10 +396,12 @@ async def test_a_repository_that_hangs_is_a_gateway_timeout_within_the_deadline(
     try:
         async with serving_app(collector) as url:
             status, body = await get(f"{url}/v1/models/tiny_llm/engine-arguments")
+            again, _ = await get(f"{url}/v1/models/tiny_llm/engine-arguments")
     finally:
         release.set()
-    assert status == 504
+    assert status == again == 504
     assert body["error"] == "reading model tiny_llm's engine arguments took over 0.2 s"
+    assert reads == ["tiny_llm"]  # the second request waited on the hung read, started none
 
 
 async def test_without_a_model_repository_there_are_no_engine_arguments_to_serve() -> None:
