@@ -49,19 +49,11 @@ class KubeClient:
         """`method(*args, **kw)`: its answer, or KubeError. The client's `_request_timeout`
         bounds each socket read, not the call, so the wait is bounded too (twice that)."""
         try:
-            return await bounded(method, *args, read_timeout=self.timeout, **kw)
+            async with asyncio.timeout(self.timeout * 2):
+                return await asyncio.to_thread(method, *args, _request_timeout=self.timeout, **kw)
         except kubernetes.client.ApiException as error:
             raise KubeError(what, error.status, error.reason or f"HTTP {error.status}") from None
         except TimeoutError:
             raise KubeError(what, None, "no answer in time") from None
         except urllib3.exceptions.HTTPError as error:
             raise KubeError(what, None, f"no connection ({type(error).__name__})") from None
-
-
-async def bounded(
-    call: Callable[..., Any], /, *args: Any, read_timeout: float, **kwargs: Any
-) -> Any:
-    """`call(*args, **kwargs)` in a worker thread, given up (TimeoutError) after twice the
-    per-read timeout it is passed."""
-    async with asyncio.timeout(read_timeout * 2):
-        return await asyncio.to_thread(call, *args, _request_timeout=read_timeout, **kwargs)
