@@ -105,7 +105,10 @@ def test_load_rule_needs_the_metric_above_for_its_duration() -> None:
         ],
     )
     assert [d.profile for d in made] == ["interactive", "interactive", "interactive", "bulk"]
-    assert made[1].reason.endswith("(load rule #1: queueDepth=250 > 200 for 30s of 1m)")
+    assert made[1].reason.endswith(
+        "(load rule #1: queueDepth > 200 since 2026-11-24T15:00:00Z; holds at 2026-11-24T15:01:00Z)"
+    )
+    assert made[2].reason == made[1].reason, "a rule counting down keeps its reason still"
     assert made[3].source == "load"
     assert "load rule #1 (queueDepth > 200 for 1m)" in made[3].reason
 
@@ -181,12 +184,16 @@ def test_llm_engine_rules_switch_with_hysteresis(
         ],
     )
     assert [d.profile for d in made] == ["interactive"] * 2 + ["bulk"] * 3 + ["interactive"]
-    assert made[1].reason.endswith(f"(load rule #1: {metric}={high:g} > {above:g} for 29s of 30s)")
+    assert made[1].reason.endswith(
+        f"(load rule #1: {metric} > {above:g} since 2026-11-24T12:00:00Z; "
+        "holds at 2026-11-24T12:00:30Z)"
+    )
     assert made[2].source == "load"
     assert made[3].reason == (
         f"load rule #1 ({metric} > {above:g} for 30s) holds: "
-        f"{metric}={between:g} (holds until < {below:g})"
+        f"lets go once {metric} < {below:g} for 30s"
     )
+    assert made[2].reason == made[3].reason, "the metric's value moves, the reason does not"
 
 
 def test_missing_signal_keeps_a_held_rule_for_a_grace_then_hands_back_to_the_schedule() -> None:
@@ -203,7 +210,11 @@ def test_missing_signal_keeps_a_held_rule_for_a_grace_then_hands_back_to_the_sch
         ],
     )
     assert [d.profile for d in made] == ["bulk", "bulk", "bulk", "interactive"]
-    assert "queueDepth unavailable for 29s; keeping the rule held" in made[2].reason
+    assert made[2].reason.endswith(
+        "queueDepth unavailable since 2026-11-24T12:00:10Z; "
+        "the rule stays held until 2026-11-24T12:00:40Z"
+    )
+    assert made[1].reason == made[2].reason
 
 
 def test_missing_signal_never_starts_a_rule() -> None:

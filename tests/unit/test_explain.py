@@ -205,7 +205,7 @@ def test_explain_shows_a_rule_on_an_llm_engine_signal_and_its_value(
     assert "Decided by:       load" in text
     assert (
         "Reason:           load rule #1 (waitingSequences > 16 for 1m) holds: "
-        "waitingSequences=30 (holds until < 4)"
+        "lets go once waitingSequences < 4 for 1m"
     ) in text
     assert "Signals:          waitingSequences=30, ttftP95Ms=2400" in text
     assert '"max_num_seqs": 48' in text

@@ -189,7 +189,7 @@ async def test_llm_engine_rules_show_in_the_status_and_their_signals_are_exporte
     outcome = await reconcile(subject, spec_document(load={"rules": rules}))
     assert outcome.status["activeProfile"] == "interactive"
     assert outcome.status["reason"] == (
-        "load rule #2 (waitingSequences > 16) holds: waitingSequences=30 (holds until < 4)"
+        "load rule #2 (waitingSequences > 16) holds: lets go once waitingSequences < 4"
     )
     labels = {"policy_namespace": "ns", "policy": "fleet", "metric": "ttftP95Ms"}
     assert subject.metrics.registry.get_sample_value("batchpilot_signal", labels) == 900
@@ -263,6 +263,38 @@ async def test_unchanged_state_gives_an_unchanged_status() -> None:
     second = await reconcile(later, spec_document(), status=first.status, state=state)
     assert second.status == first.status, "a steady fleet must not rewrite its status every tick"
     assert second.events == ()
+
+
+@pytest.mark.looptime
+@pytest.mark.parametrize(
+    "readings",
+    [
+        [
+            {"queueDepth": 250},
+            {"queueDepth": 320},
+            {"queueDepth": 280},
+        ],  # counting towards a switch
+        [{"queueDepth": 20}, {"queueDepth": 35}, {"queueDepth": 5}],  # below, moving
+        [{}, {}, {}],  # the signal missing
+    ],
+    ids=["counting", "moving", "missing"],
+)
+async def test_live_figures_leave_the_status_still(readings: list[dict[str, float]]) -> None:
+    """The status is written when it changes: a reason quoting live figures or ages would
+    make every pass of every policy a write (the scale benchmark saw one per reconcile)."""
+    rule = {"profile": "bulk", "metric": "queueDepth", "above": 200, "for": "5m"}
+    document = spec_document(load={"rules": [rule]})
+    targets, fleet = two_servers()
+    state = reconciling.PolicyMemory()
+    statuses = []
+    for number, metrics in enumerate(readings):
+        at = NOW + datetime.timedelta(seconds=5 * number)
+        subject = reconciler(targets, fleet, signals=FixedSignals(metrics), now=at)
+        outcome = await reconcile(
+            subject, document, status=statuses[-1] if statuses else None, state=state
+        )
+        statuses.append(outcome.status)
+    assert statuses[1] == statuses[2]
 
 
 @pytest.mark.looptime

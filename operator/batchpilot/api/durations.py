@@ -1,7 +1,9 @@
-"""Durations as users write them in a policy: `90s`, `5m`, `1h30m`."""
+"""Durations as users write them in a policy (`90s`, `5m`, `1h30m`), and instants as reasons
+show them."""
 
 from __future__ import annotations
 
+import datetime
 import re
 
 # The CRD carries the same pattern, so the API server and this parser agree on what is valid.
@@ -31,3 +33,9 @@ def format_duration(seconds: float) -> str:
         f"{secs}s" if secs else "",
     ]
     return "".join(parts)
+
+
+def format_instant(instant: datetime.datetime) -> str:
+    """An instant for reasons, in UTC as the status's times are: `2026-11-24T15:00:05Z`. Reasons
+    name instants, not ages, so a status stays still while nothing changes."""
+    return instant.astimezone(datetime.UTC).isoformat().replace("+00:00", "Z")

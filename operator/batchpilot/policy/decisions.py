@@ -159,7 +159,7 @@ def decide(
         assert dwell_ends is not None
         profile = current
         reason = (
-            f"holding {current} until {_stamp(dwell_ends)} (minDwellSeconds="
+            f"holding {current} until {durations.format_instant(dwell_ends)} (minDwellSeconds="
             f"{spec.min_dwell_seconds}), then {wish.profile}: {wish.reason}"
         )
         next_transition: datetime.datetime | None = dwell_ends
@@ -230,7 +230,7 @@ def _override_wish(spec: specs.BatchPolicySpec, now: datetime.datetime) -> _Wish
     override = spec.override
     if override is None or (override.until is not None and now >= override.until):
         return None
-    until = f" until {_stamp(override.until)}" if override.until else ""
+    until = f" until {durations.format_instant(override.until)}" if override.until else ""
     why = f": {override.reason}" if override.reason else ""
     return _Wish(override.profile, "override", f"override to {override.profile}{until}{why}")
 
@@ -278,7 +278,7 @@ def _schedule_wish(
         return _Wish(
             profile,
             "schedule",
-            f"{description}, in force from {_stamp(boundary)}: rolled out "
+            f"{description}, in force from {durations.format_instant(boundary)}: rolled out "
             f"{durations.format_duration(lead.total_seconds())} ahead (schedule.leadTime)",
         )
     return natural
@@ -436,16 +436,19 @@ def _guarded(
     elif p95 is not None and guard is not None:
         within_since = guard.within_since or now
         if now - within_since >= interval and now - guard.changed_at >= interval:
-            return settings, None, f"SLO guard off: p95 {p95:.1f} ms within the objective"
+            return settings, None, f"SLO guard off: p95 within {objective:g} ms"
         guard = dataclasses.replace(guard, within_since=within_since)
     if guard is None:
         return settings, None, None
     held = dict(settings.dynamic_batching, max_queue_delay_microseconds=guard.delay_microseconds)
-    seen = f"p95 {p95:.1f} ms" if p95 is not None else "no p95 reading"
-    note = (
-        f"SLO guard: {seen} against {objective:g} ms, queue delay held at "
-        f"{guard.delay_microseconds} us"
-    )
+    # No figure in the note: a reason that quoted the live p95 would rewrite the status each pass.
+    if p95 is None:
+        seen = "no p95 reading"
+    elif guard.within_since is not None:
+        seen = f"p95 within {objective:g} ms since {durations.format_instant(guard.within_since)}"
+    else:
+        seen = f"p95 above {objective:g} ms"
+    note = f"SLO guard: {seen}, queue delay held at {guard.delay_microseconds} us"
     return rendering.Settings(held, settings.max_batch_size), guard, note
 
 
@@ -455,7 +458,3 @@ def _guard_action(before: Guard | None, after: Guard | None) -> GuardAction | No
     if before is not None and after is None:
         return "restored"
     return None
-
-
-def _stamp(instant: datetime.datetime) -> str:
-    return instant.astimezone(datetime.UTC).isoformat().replace("+00:00", "Z")

@@ -45,16 +45,8 @@ def rule_key(index: int, rule: specs.LoadRule) -> str:
     )
 
 
-def _number(value: float) -> str:
-    """Measurements in reasons: no more digits than anyone reads."""
-    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
-
-
 def describe(rule: specs.LoadRule) -> str:
-    text = f"{rule.metric} > {rule.above:g}"
-    if rule.hold_seconds:
-        text += f" for {durations.format_duration(rule.hold_seconds)}"
-    return text
+    return f"{rule.metric} > {rule.above:g}{_for(rule)}"
 
 
 def evaluate(
@@ -69,40 +61,44 @@ def evaluate(
     if value is None:
         missing_since = state.missing_since or now
         grace = max(hold_for, MISSING_SIGNAL_GRACE)
-        missing_for = durations.format_duration((now - missing_since).total_seconds())
+        unavailable = f"{rule.metric} unavailable since {durations.format_instant(missing_since)}"
         if state.holding and now - missing_since < grace:
             return RuleOutcome(
                 replace(state, crossing_since=None, missing_since=missing_since),
                 None,
-                f"{rule.metric} unavailable for {missing_for}; keeping the rule held",
+                f"{unavailable}; the rule stays held until "
+                f"{durations.format_instant(missing_since + grace)}",
             )
-        return RuleOutcome(
-            RuleState(missing_since=missing_since),
-            None,
-            f"{rule.metric} unavailable for {missing_for}",
-        )
+        return RuleOutcome(RuleState(missing_since=missing_since), None, unavailable)
 
     crossing = value < rule.release_below if state.holding else value > rule.above
     if not crossing:
-        return RuleOutcome(RuleState(holding=state.holding), value, _status(rule, state, value))
+        return RuleOutcome(RuleState(holding=state.holding), value, _status(rule, state))
     crossing_since = state.crossing_since or now
     if now - crossing_since >= hold_for:
         flipped = RuleState(holding=not state.holding)
-        return RuleOutcome(flipped, value, _status(rule, flipped, value))
-    waited = durations.format_duration((now - crossing_since).total_seconds())
+        return RuleOutcome(flipped, value, _status(rule, flipped))
     threshold = f"< {rule.release_below:g}" if state.holding else f"> {rule.above:g}"
+    flips = "lets go" if state.holding else "holds"
     return RuleOutcome(
         RuleState(holding=state.holding, crossing_since=crossing_since),
         value,
-        f"{rule.metric}={_number(value)} {threshold} for {waited} of "
-        f"{durations.format_duration(rule.hold_seconds)}",
+        f"{rule.metric} {threshold} since {durations.format_instant(crossing_since)}; "
+        f"{flips} at {durations.format_instant(crossing_since + hold_for)}",
     )
 
 
-def _status(rule: specs.LoadRule, state: RuleState, value: float) -> str:
+def _status(rule: specs.LoadRule, state: RuleState) -> str:
+    """Where a rule stands, without the metric's value: a reason that quoted live figures would
+    change, and be written to the status, on every pass (the values are exported as
+    `batchpilot_signal`, and `batchpilot explain` prints them)."""
     if state.holding:
-        return f"{rule.metric}={_number(value)} (holds until < {rule.release_below:g})"
-    return f"{rule.metric}={_number(value)} (not > {rule.above:g})"
+        return f"lets go once {rule.metric} < {rule.release_below:g}{_for(rule)}"
+    return f"{rule.metric} not > {rule.above:g}"
+
+
+def _for(rule: specs.LoadRule) -> str:
+    return f" for {durations.format_duration(rule.hold_seconds)}" if rule.hold_seconds else ""
 
 
 def steady_state(rule: specs.LoadRule, signals: Mapping[str, float]) -> RuleState:
