@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import socket
-from typing import Any, ClassVar
+from typing import Any
 
 import aiohttp
 import aiohttp.abc
@@ -107,25 +107,6 @@ async def read_capped(response: aiohttp.ClientResponse, limit: int) -> bytes:
             raise TooLarge(limit)
         chunks.append(chunk)
     return b"".join(chunks)
-
-
-class CappedResponse(aiohttp.ClientResponse):
-    """A response whose `read()` (and so `text()` and `json()`) stops at `limit` bytes.
-
-    For clients that read bodies themselves (tritonclient's aio client): given to their
-    session as its `response_class`."""
-
-    limit: ClassVar[int] = TRITON_JSON_BYTES
-    _capped_body: bytes | None = None
-
-    async def read(self) -> bytes:
-        if self._capped_body is None:
-            self._capped_body = await read_capped(self, self.limit)
-        return self._capped_body
-
-
-def capped_responses(limit: int) -> type[CappedResponse]:
-    return type(f"CappedResponse{limit}", (CappedResponse,), {"limit": limit})
 
 
 class OwnThreadResolver(aiohttp.abc.AbstractResolver):

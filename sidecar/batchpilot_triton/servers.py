@@ -1,9 +1,14 @@
 """Talking to one Triton server: its model-repository API, model configs and metrics.
 
-A thin asynchronous layer over `tritonclient.http.aio` that bounds every call by a timeout and
-every answer by a size cap (`batchpilot_triton.responses`), and turns Triton's and aiohttp's many
-failure shapes into a few errors the actuator can act on, quoting at most a short excerpt of
-what the server said.
+Triton's HTTP/REST protocol (KServe v2 and its model-repository extension) spoken directly
+with aiohttp, one session per server: every call bounded by a timeout and every answer by a size
+cap (`batchpilot_triton.responses`), Triton's and aiohttp's many failure shapes turned into a
+few errors the actuator can act on, quoting at most a short excerpt of what the server said.
+
+Not `tritonclient.http.aio`: the operator needs eight small JSON calls of it, and importing it
+brings numpy, gevent and their kin, about a fifth of the operator's memory (22 MiB measured);
+it also reads answers whole and cannot send a load's files, so it was wrapped at both ends.
+The load generators and tests still speak inference through tritonclient.
 """
 
 from __future__ import annotations
@@ -19,8 +24,6 @@ from typing import Any, Self
 from urllib.parse import quote, urlsplit
 
 import aiohttp
-import tritonclient.http.aio as triton_http
-from tritonclient.utils import InferenceServerException
 
 from batchpilot_triton import endpoints, responses, scraping
 from batchpilot_triton.modelconfigs import ModelConfig
@@ -67,8 +70,17 @@ class RepositoryLocked(TritonError):
     (or its absence): nothing was loaded or unloaded."""
 
 
+class _Refused(Exception):
+    """An error answer of Triton's: its status and its own words (`error`), an excerpt."""
+
+    def __init__(self, status: int, said: str) -> None:
+        self.status = status
+        self.said = said
+        super().__init__(f"HTTP {status}: {said}")
+
+
 def host_port(url: str) -> str:
-    """`host:port` of an HTTP endpoint given with or without a scheme (tritonclient's form)."""
+    """`host:port` of an HTTP endpoint given with or without a scheme."""
     parts = urlsplit(url if "://" in url else f"http://{url}")
     if not parts.hostname or not parts.port:
         raise ValueError(f"Triton URL {url!r} needs a host and a port, e.g. http://10.0.0.5:8000")
@@ -115,7 +127,6 @@ class TritonServer:
         self.repository_headers: dict[str, str] = dict(repository_headers or {})
         """Sent on every model-repository call (index, load, unload): the credential of a
         Triton started with --http-restricted-api=model-repository,<header>=<value>."""
-        self._client: triton_http.InferenceServerClient | None = None
         self._session: aiohttp.ClientSession | None = None
         self._parsing: concurrent.futures.Future[scraping.Snapshot] | None = None
 
@@ -131,32 +142,49 @@ class TritonServer:
         await self.close()
 
     async def close(self) -> None:
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
         if self._session is not None:
             await self._session.close()
             self._session = None
 
-    def _triton(self) -> triton_http.InferenceServerClient:
-        # Created lazily: aiohttp sessions belong to the running event loop.
-        if self._client is None:
-            client = triton_http.InferenceServerClient(
-                self.address, conn_timeout=self.load_timeout, conn_limit=4
+    def _client(self) -> aiohttp.ClientSession:
+        # Created lazily: aiohttp sessions belong to the running event loop. The load timeout
+        # is a backstop; each call's own deadline (`_call`) is what ends it.
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=4),
+                timeout=aiohttp.ClientTimeout(total=self.load_timeout),
             )
-            # tritonclient reads whole bodies itself and takes no response class, so its
-            # session is swapped for one whose responses stop at the cap, on the same
-            # connector with the same settings (tests/unit/test_bounded_reads.py checks it).
-            own = client._stub
-            own.detach()
-            client._stub = aiohttp.ClientSession(
-                connector=client._conn,
-                timeout=own.timeout,
-                auto_decompress=False,
-                response_class=responses.capped_responses(responses.TRITON_JSON_BYTES),
-            )
-            self._client = client
-        return self._client
+        return self._session
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Any:
+        """One call of Triton's HTTP API: its JSON answer (None for an empty one), or _Refused
+        for an error answer. The answer is read up to TRITON_JSON_BYTES."""
+        async with self._client().request(
+            method,
+            f"{self.url}/{path}",
+            data=None if body is None else json.dumps(body),
+            headers=headers,
+        ) as response:
+            if response.status != 200:
+                raise _Refused(response.status, await _error_message(response))
+            answer = await responses.read_capped(response, responses.TRITON_JSON_BYTES)
+            return json.loads(answer) if answer.strip() else None
+
+    async def _answers_ok(self, path: str) -> bool:
+        """Whether a health or readiness endpoint answers 200 (its body says nothing more)."""
+        async with self._client().get(f"{self.url}/{path}") as response:
+            return response.status == 200
+
+    @staticmethod
+    def _model(model: str) -> str:
+        return f"v2/models/{quote(model, safe='')}"
 
     async def _call(self, what: str, call: Any, *, seconds: float | None = None) -> Any:
         try:
@@ -168,8 +196,10 @@ class TritonServer:
         except (aiohttp.ClientError, OSError) as error:
             # aiohttp's parser errors quote the bytes they choked on.
             raise Unreachable(self.url, f"{what}: {responses.excerpt(str(error))}") from None
-        except InferenceServerException as error:
-            said = error.message() or str(error)
+        except ValueError:
+            raise TritonError(self.url, f"{what}: the answer is not JSON") from None
+        except _Refused as error:
+            said = error.said
             message = responses.excerpt(said)
             if _RESTRICTED in said:
                 raise RepositoryLocked(
@@ -184,28 +214,33 @@ class TritonServer:
                     f"{what}: the server refuses model loads ({message}); start tritonserver "
                     "with --model-control-mode=explicit",
                 ) from None
-            if error.status() in ("400", "404") or "unknown model" in said:
+            if error.status in (400, 404) or "unknown model" in said:
                 raise ModelUnavailable(self.url, f"{what}: {message}") from None
             raise TritonError(self.url, f"{what}: {message}") from None
 
     async def is_ready(self) -> bool:
-        return bool(await self._call("server readiness", self._triton().is_server_ready()))
+        return bool(await self._call("server readiness", self._answers_ok("v2/health/ready")))
 
     async def model_ready(self, model: str) -> bool:
-        return bool(await self._call(f"readiness of {model}", self._triton().is_model_ready(model)))
+        ready = self._answers_ok(f"{self._model(model)}/ready")
+        return bool(await self._call(f"readiness of {model}", ready))
 
     async def model_config(self, model: str) -> ModelConfig:
-        config: ModelConfig = await self._call(
-            f"config of {model}", self._triton().get_model_config(model)
+        config = await self._call(
+            f"config of {model}", self._request("GET", f"{self._model(model)}/config")
         )
+        if not isinstance(config, dict):
+            raise TritonError(self.url, f"config of {model}: the answer is not a JSON object")
         return config
 
     async def repository_index(self) -> list[dict[str, Any]]:
         """Every model in the repository, with its state (READY, LOADING, UNLOADING, ...)."""
-        index: list[dict[str, Any]] = await self._call(
+        index = await self._call(
             "model index",
-            self._triton().get_model_repository_index(headers=self.repository_headers),
+            self._request("POST", "v2/repository/index", headers=self.repository_headers),
         )
+        if not isinstance(index, list) or not all(isinstance(entry, dict) for entry in index):
+            raise TritonError(self.url, "model index: the answer is not a list of models")
         return index
 
     async def loaded_models(self) -> list[str]:
@@ -230,7 +265,7 @@ class TritonServer:
                 if done:
                     return task.result()
                 try:
-                    live = await self._call("liveness", self._triton().is_server_live())
+                    live = await self._call("liveness", self._answers_ok("v2/health/live"))
                 except TritonError:
                     live = False
                 misses = 0 if live else misses + 1
@@ -255,11 +290,16 @@ class TritonServer:
     ) -> None:
         """Load (or reload) a model, with Triton's config override and `file:<path>` overrides;
         with files, Triton loads the model from a directory holding only those files."""
-        body = None if config is None else json.dumps(config)
-        request = (
-            self._load_with_files(model, body, files)
-            if files
-            else self._triton().load_model(model, config=body, headers=self.repository_headers)
+        parameters: dict[str, str] = {
+            path: base64.b64encode(content).decode() for path, content in (files or {}).items()
+        }
+        if config is not None:
+            parameters["config"] = json.dumps(config)
+        request = self._request(
+            "POST",
+            f"v2/repository/models/{quote(model, safe='')}/load",
+            body={"parameters": parameters} if parameters else {},
+            headers=self.repository_headers,
         )
         try:
             await self._while_live(f"load of {model}", request)
@@ -268,46 +308,30 @@ class TritonServer:
         except TritonError as error:
             raise LoadRejected(self.url, error.message) from None
 
-    async def _load_with_files(
-        self, model: str, config: str | None, files: Mapping[str, bytes]
-    ) -> None:
-        # tritonclient's asyncio client cannot send files (it puts base64 bytes into json.dumps).
-        parameters: dict[str, str] = {
-            path: base64.b64encode(content).decode() for path, content in files.items()
-        }
-        if config is not None:
-            parameters["config"] = config
-        async with (
-            aiohttp.ClientSession() as session,
-            session.post(
-                f"{self.url}/v2/repository/models/{quote(model, safe='')}/load",
-                json={"parameters": parameters},
-                headers=self.repository_headers,
-            ) as response,
-        ):
-            if response.status != 200:
-                raise InferenceServerException(
-                    msg=await _error_message(response), status=str(response.status)
-                )
-
     async def unload(self, model: str) -> None:
         await self._while_live(
             f"unload of {model}",
-            self._triton().unload_model(model, headers=self.repository_headers),
+            self._request(
+                "POST",
+                f"v2/repository/models/{quote(model, safe='')}/unload",
+                body={"parameters": {"unload_dependents": False}},
+                headers=self.repository_headers,
+            ),
         )
 
     async def statistics(self, model: str = "") -> list[dict[str, Any]]:
         """Triton's statistics extension for one model, or all (`GET v2/models[/NAME]/stats`):
         per model version, cumulative counts and times, also per exact batch size."""
-        found = await self._call("statistics", self._triton().get_inference_statistics(model))
-        stats: list[dict[str, Any]] = found.get("model_stats", [])
+        path = f"{self._model(model)}/stats" if model else "v2/models/stats"
+        found = await self._call("statistics", self._request("GET", path))
+        stats = found.get("model_stats", []) if isinstance(found, dict) else None
+        if not isinstance(stats, list):
+            raise TritonError(self.url, "statistics: the answer has no list of model_stats")
         return stats
 
     async def metrics_text(self) -> str:
         """Triton's Prometheus metrics page."""
-        if self._session is None:
-            self._session = aiohttp.ClientSession()
-        session = self._session
+        session = self._client()
 
         async def fetch() -> str:
             async with session.get(self.metrics_url) as response:

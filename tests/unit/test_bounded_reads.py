@@ -395,7 +395,6 @@ async def test_a_metrics_page_of_hundreds_of_megabytes_is_cut_at_the_cap(
 async def test_a_model_config_of_hundreds_of_megabytes_is_cut_at_the_cap(
     serve_app: ServeApp,
 ) -> None:
-    """tritonclient reads its answers itself; the cap still holds."""
     hostile = Hostile()
     url = await serve_app(hostile_app(hostile, "/v2/models/{model}/config", "flood"))
     async with servers.TritonServer(url, request_timeout=20.0) as triton:
@@ -411,7 +410,7 @@ async def test_a_model_config_of_hundreds_of_megabytes_is_cut_at_the_cap(
 async def test_a_triton_error_answer_is_quoted_as_a_short_excerpt(
     serve_app: ServeApp, files: dict[str, bytes] | None
 ) -> None:
-    """Both load paths: tritonclient's, and the one batchpilot posts itself for file overrides."""
+    """Both loads: with a config override only, and with file overrides too."""
     hostile = Hostile()
     url = await serve_app(hostile_app(hostile, "/v2/repository/models/{model}/load", "secret"))
     async with servers.TritonServer(url) as triton:
