@@ -42,6 +42,8 @@ import dataclasses
 import datetime
 import functools
 import os
+import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -214,6 +216,8 @@ def policy(
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SizeReport:
     policies: int
+    code: str
+    """Whose operator ran: "this checkout", or the baseline revision's short hash."""
     live: int
     dry_run: int
     create_seconds: float
@@ -361,15 +365,18 @@ def run_size(
     count: int,
     the_plan: Plan,
     out_dir: Path,
+    baseline: Baseline | None = None,
 ) -> SizeReport:
     # The boundary is read from this log: a previous run's lines would be decisions too.
-    log_path = out_dir / f"scale-operator-{count}.log"
+    suffix = f"-{baseline.revision}" if baseline else ""
+    log_path = out_dir / f"scale-operator-{count}{suffix}.log"
     log_path.unlink(missing_ok=True)
     operator = operators.OperatorProcess(
         kubeconfig=operator_kubeconfig,
         log_path=log_path,
         namespaces=list(namespaces),
         interval=INTERVAL,
+        code=baseline.code if baseline else (),
     )
     try:
         waiting.wait_for("the operator's liveness", operator.healthy, timeout=60)
@@ -431,6 +438,7 @@ def run_size(
     log = operator.log
     return SizeReport(
         policies=count,
+        code=baseline.revision if baseline else THIS_CHECKOUT,
         live=len(live),
         dry_run=count - len(live),
         create_seconds=create_seconds,
@@ -450,6 +458,35 @@ def run_size(
         log_errors=sum("[ERROR" in line for line in log.splitlines()),
         api_requests=api_requests(kube, steady_from, steady_until),
     )
+
+
+THIS_CHECKOUT = "this checkout"
+
+
+@dataclasses.dataclass(frozen=True)
+class Baseline:
+    """Another revision's operator, run beside this checkout's on the same cluster and fleet."""
+
+    revision: str
+    code: tuple[Path, ...]
+
+
+def extract_baseline(revision: str, out_dir: Path) -> Baseline:
+    """The product's folders at `revision` (`git archive`), to shadow the installed ones."""
+    root = Path(__file__).resolve().parents[2]
+    short = subprocess.run(
+        ["git", "-C", str(root), "rev-parse", "--short", "--verify", f"{revision}^{{commit}}"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    folder = out_dir / f"baseline-{short}"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "-C", str(root), "archive", short, "operator", "sidecar"],
+        check=True, capture_output=True,
+    ).stdout  # fmt: skip
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+    return Baseline(short, (folder / "operator", folder / "sidecar"))
 
 
 def api_requests(
@@ -497,8 +534,10 @@ def render(
         f"schedule.leadTime {lead_time}. Times are relative to the boundary (negative: before).",
         "",
     ]
+    compared = any(size.code != THIS_CHECKOUT for size in sizes)
     headers = [
         "policies (live + dryRun)",
+        *(["operator"] if compared else []),
         "reconciles/s",
         "CPU ms/reconcile",
         "CPU s/tick",
@@ -518,6 +557,7 @@ def render(
         rows.append(
             [
                 f"{size.policies} ({size.live} + {size.dry_run})",
+                *([size.code] if compared else []),
                 benchmarking.cell(size.reconciles_per_second),
                 benchmarking.cell(None if per is None else 1000 * per),
                 benchmarking.cell(size.cpu_per_tick, 2),
@@ -552,8 +592,10 @@ def render(
             if served
             else "none"
         )
+        whose = f" ({size.code})" if compared else ""
         lines.append(
-            f"- {size.policies} policies: live Pods served interactive at {spread} after the "
+            f"- {size.policies} policies{whose}: live Pods served interactive at {spread} after "
+            "the "
             f"boundary; "
             + (
                 "every live Pod serves the new profile at or before the boundary -> "
@@ -599,6 +641,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--policies", type=int, action="append", help="a policy count to measure (repeatable)"
     )
+    parser.add_argument(
+        "--baseline",
+        metavar="REVISION",
+        help="also run that git revision's operator at each size, before this checkout's, on "
+        "the same cluster and fleet (its operator/ and sidecar/ shadow the installed product)",
+    )
     benchmarking.output_arguments(parser)
     arguments = parser.parse_args(argv)
     the_plan = plan(short=arguments.short)
@@ -609,6 +657,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         the_plan = dataclasses.replace(the_plan, policy_counts=tuple(arguments.policies))
     out_dir: Path = arguments.out
     out_dir.mkdir(parents=True, exist_ok=True)
+    baseline = extract_baseline(arguments.baseline, out_dir) if arguments.baseline else None
     started = time.monotonic()
     print(
         f"scale benchmark: {the_plan.servers} Tritons, policies {the_plan.policy_counts}",
@@ -638,22 +687,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         print(f"  {facts.servers} Tritons serving after {start_seconds:.0f} s", flush=True)
         for count in the_plan.policy_counts:
-            size_started = time.monotonic()
-            sizes.append(
-                run_size(
-                    kube,
-                    operator_kubeconfig,
-                    namespaces,
-                    fleet_servers,
-                    count,
-                    the_plan,
-                    out_dir,
+            for against in (baseline, None) if baseline else (None,):
+                size_started = time.monotonic()
+                sizes.append(
+                    run_size(
+                        kube,
+                        operator_kubeconfig,
+                        namespaces,
+                        fleet_servers,
+                        count,
+                        the_plan,
+                        out_dir,
+                        against,
+                    )
                 )
-            )
-            print(
-                f"  {count} policies: done in {time.monotonic() - size_started:.0f} s",
-                flush=True,
-            )
+                print(
+                    f"  {count} policies ({sizes[-1].code}): done in "
+                    f"{time.monotonic() - size_started:.0f} s",
+                    flush=True,
+                )
     benchmarking.write_summary(
         out_dir,
         "summary-scale",

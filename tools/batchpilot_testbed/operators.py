@@ -94,7 +94,10 @@ class OperatorProcess:
         interval: float = 2.0,
         standalone: bool = True,
         extra: Sequence[str] = (),
+        code: Sequence[Path] = (),
     ) -> None:
+        """`code`: folders whose packages shadow the installed product's (another revision's
+        `operator/` and `sidecar/`, for running it side by side with this checkout)."""
         self.log_path = log_path
         self.metrics_port, self.liveness_port = local_triton.free_ports("127.0.0.1", 2)
         argv = [
@@ -107,6 +110,8 @@ class OperatorProcess:
             *extra,
         ]  # fmt: skip
         env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+        if code:
+            env["PYTHONPATH"] = os.pathsep.join(str(folder) for folder in code)
         with log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
