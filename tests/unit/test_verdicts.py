@@ -1,0 +1,149 @@
+"""The canary verdict, on recorded figures: readings every 5 s of a canary and its baseline."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Sequence
+
+import pytest
+
+from batchpilot.policy import verdicts as canaries
+from batchpilot.policy.verdicts import Served
+
+START = datetime.datetime(2026, 11, 24, 15, tzinfo=datetime.UTC)
+STEP = datetime.timedelta(seconds=5)
+LIMITS = canaries.Limits(
+    analysis=datetime.timedelta(seconds=60),
+    min_requests=100,
+    max_failure_rate=0.01,
+    max_p95_ratio=1.5,
+    max_p99_ratio=2.0,
+)
+
+
+def readings(
+    canary_p95: Sequence[float | None],
+    baseline_p95: float = 20.0,
+    *,
+    requests: float = 50.0,
+    canary_failures: float = 0.0,
+) -> list[canaries.Sample]:
+    """One reading per canary p95, 5 s apart; the baseline serves three times the canary's
+    requests (three replicas against one)."""
+    return [
+        canaries.Sample(
+            at=START + (index + 1) * STEP,
+            canary=Served(
+                requests=requests,
+                failures=canary_failures,
+                p95_ms=p95,
+                p99_ms=None if p95 is None else 1.4 * p95,
+            ),
+            baseline=Served(requests=3 * requests, p95_ms=baseline_p95, p99_ms=1.4 * baseline_p95),
+        )
+        for index, p95 in enumerate(canary_p95)
+    ]
+
+
+def judge(samples: list[canaries.Sample]) -> canaries.Judgement:
+    return canaries.judge(samples, LIMITS, START, samples[-1].at if samples else START)
+
+
+def test_a_canary_serving_like_the_rest_is_promoted_at_the_end_of_the_window() -> None:
+    noisy = [21.0, 19.5, 22.0, 20.4, 18.9, 23.1, 20.0, 21.7, 19.8, 20.6, 22.4, 20.1]
+    assert judge(readings(noisy[:11])).verdict is None, "55 s of a 60 s window: still analysing"
+    promoted = judge(readings(noisy))
+    assert promoted.verdict == "Promote"
+    assert promoted.figures.ratios["p95_ms"] == pytest.approx(1.03, abs=0.02)
+
+
+def test_one_slow_second_does_not_fail_a_canary() -> None:
+    spiked = [20.0] * 5 + [400.0] + [20.5] * 6
+    assert judge(readings(spiked)).verdict == "Promote"
+
+
+def test_slow_readings_in_most_of_the_window_fail_it() -> None:
+    slow = [20.0, 45.0, 50.0, 21.0, 48.0, 52.0, 47.0, 20.0, 49.0, 51.0, 46.0, 50.0]
+    judged = judge(readings(slow))
+    assert judged.verdict == "Rollback"
+    assert judged.reason.startswith("p95 2.")
+    assert "(limit 1.5x)" in judged.reason
+
+
+def test_failures_past_the_limit_roll_back_as_soon_as_enough_requests_were_seen() -> None:
+    failing = readings([20.0] * 3, canary_failures=5.0)  # 10% of 150 requests
+    judged = judge(failing)
+    assert judged.verdict == "Rollback", "15 s into a 60 s window: no need to wait"
+    assert judged.reason == (
+        "failure rate 10.00% against the baseline's 0.00%: more than 1 points above it"
+    )
+    assert judge(failing[:1]).verdict is None, "50 requests of the 100 needed: not yet"
+
+
+def test_failures_the_baseline_has_too_are_not_the_canary_s() -> None:
+    both = [
+        canaries.Sample(
+            at=START + (index + 1) * STEP,
+            canary=Served(requests=50, failures=2, p95_ms=20.0),
+            baseline=Served(requests=150, failures=6, p95_ms=20.0),
+        )
+        for index in range(12)
+    ]
+    assert judge(both).verdict == "Promote"
+
+
+def test_too_little_traffic_is_inconclusive_and_says_which_side() -> None:
+    quiet = judge(readings([20.0] * 12, requests=5.0))
+    assert quiet.verdict == "Inconclusive"
+    assert quiet.reason == "the canary served 60 requests of the 100 needed"
+
+
+def test_no_baseline_replica_is_inconclusive() -> None:
+    alone = [
+        canaries.Sample(
+            at=START + (index + 1) * STEP,
+            canary=Served(requests=50, p95_ms=20.0),
+            baseline=Served(),
+        )
+        for index in range(12)
+    ]
+    judged = judge(alone)
+    assert judged.verdict == "Inconclusive"
+    assert judged.reason == "the baseline served 0 requests of the 100 needed"
+
+
+def test_without_enough_quantiles_on_both_sides_it_is_inconclusive() -> None:
+    sparse = readings([20.0, None, None, 21.0] + [None] * 8)
+    judged = judge(sparse)
+    assert judged.verdict == "Inconclusive"
+    assert "p95 on both sides" in judged.reason
+
+
+def test_an_llm_canary_is_judged_by_its_inter_token_latency_too() -> None:
+    limits = canaries.Limits(
+        analysis=datetime.timedelta(seconds=60),
+        min_requests=20,
+        max_failure_rate=0.01,
+        max_p95_ratio=3.0,
+        max_inter_token_p95_ratio=1.3,
+    )
+    samples = [
+        canaries.Sample(
+            at=START + (index + 1) * STEP,
+            canary=Served(requests=10, p95_ms=900.0, inter_token_p95_ms=62.0 + index % 3),
+            baseline=Served(requests=30, p95_ms=850.0, inter_token_p95_ms=31.0 + index % 2),
+        )
+        for index in range(12)
+    ]
+    judged = canaries.judge(samples, limits, START, samples[-1].at)
+    assert judged.verdict == "Rollback"
+    assert judged.reason.startswith("inter-token p95 2.0")
+    assert "p95_ms" in judged.figures.ratios
+    assert "p99_ms" not in judged.figures.ratios
+
+
+def test_the_figures_describe_the_window_in_one_line() -> None:
+    described = judge(readings([30.0] * 12)).figures.describe()
+    assert described == (
+        "canary 600 requests, 0.00% failed; baseline 1800, 0.00% failed; p95 1.50x; p99 1.50x"
+    )
