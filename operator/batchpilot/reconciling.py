@@ -27,9 +27,9 @@ from typing import Any, Protocol
 from batchpilot import reporting, telemetry
 from batchpilot.api import documents
 from batchpilot.api.v1alpha1 import specs, statuses
-from batchpilot.applying import credentials, rollouts
+from batchpilot.applying import canaries, credentials, rollouts
 from batchpilot.applying.replicas import Replica
-from batchpilot.policy import decisions, governing, leads
+from batchpilot.policy import decisions, governing, leads, rendering
 from batchpilot.signals import sources
 from batchpilot_triton import servers
 
@@ -88,6 +88,8 @@ class PolicyMemory:
     """Per gated Pod, the run of its serving container last seen serving the profile with its
     gate open: a different run has Triton's repository configuration (`rollouts.mark_restarted`).
     """
+    canary: canaries.CanaryMemory = field(default_factory=canaries.CanaryMemory)
+    """Which settings the fleet served, proved and failed, and the canary under way."""
 
     @property
     def measured_wave_seconds(self) -> float | None:
@@ -116,6 +118,7 @@ class PolicyMemory:
             )
         if not self.wave_seconds and previous.measured_wave_seconds is not None:
             self.wave_seconds.append(previous.measured_wave_seconds)
+        self.canary.resume(previous)
 
     def remember_rollout(self, result: rollouts.Result, max_unavailable: int) -> None:
         self.vouched = rollouts.vouched_after(result, self.vouched)
@@ -262,7 +265,10 @@ class Reconciler:
             policy, now, observed.reading.signals, state.memory, lead=observed.lead.lead
         )
         previous_profile, state.memory = state.memory.profile, decision.memory
-        result = await self._act(namespace, policy, decision, observed, vouched=state.vouched)
+        passed = await self._act(
+            namespace, policy, decision, observed, state=state, generation=generation, now=now
+        )
+        result = passed.result if passed else None
         if result is not None:
             state.remember_rollout(result, policy.rollout.max_unavailable)
 
@@ -279,6 +285,14 @@ class Reconciler:
             lead=observed.lead,
             measured_wave_seconds=state.measured_wave_seconds,
             credential_problem=observed.credential_problem,
+            canary=state.canary.analysis.status() if state.canary.analysis else None,
+            settings_history=state.canary.history(),
+            canary_notes=passed.notes if passed else (),
+            canary_failure=(
+                state.canary.failure(rendering.settings_hash(decision.settings))
+                if policy.rollout.canary is not None
+                else None
+            ),
             signal_problems=(
                 *observed.reading.problems,
                 *reporting.missing_signals(policy, observed.reading.signals.metrics),
@@ -341,15 +355,17 @@ class Reconciler:
         decision: decisions.Decision,
         observed: _Observed,
         *,
-        vouched: Mapping[str, str],
-    ) -> rollouts.Result | None:
+        state: PolicyMemory,
+        generation: int | None,
+        now: datetime.datetime,
+    ) -> canaries.Passed | None:
         if observed.survey.missing:
             return None  # the spec names models the fleet lacks: change nothing anywhere
         if observed.credential_problem is not None and not policy.dry_run:
             return None  # no credential: change nothing anywhere
         if policy.dry_run:
             await rollouts.open_gates_for_dry_run(observed.replicas, namespace, self.gates)
-            return rollouts.dry_run(observed.replicas, observed.survey)
+            return canaries.Passed(rollouts.dry_run(observed.replicas, observed.survey))
         plan = rollouts.Plan(
             namespace=namespace,
             profile=decision.profile,
@@ -359,14 +375,26 @@ class Reconciler:
         )
         # Timed by the policy's clock, which decisions and leads are in.
         started = self.clock()
-        result = await rollouts.roll_out(
-            rollouts.mark_restarted(observed.replicas, vouched),
+        passed = await canaries.roll_out(
+            rollouts.mark_restarted(observed.replicas, state.vouched),
             observed.survey,
             plan,
             self.fleet,
             self.gates,
+            memory=state.canary,
+            context=canaries.Context(
+                canary=policy.rollout.canary,
+                generation=generation,
+                now=now,
+                emergency=decision.memory.guard is not None,
+                per_server=observed.reading.per_server,
+                models=policy.target.models,
+            ),
         )
-        return dataclasses.replace(result, seconds=(self.clock() - started).total_seconds())
+        seconds = (self.clock() - started).total_seconds()
+        return dataclasses.replace(
+            passed, result=dataclasses.replace(passed.result, seconds=seconds)
+        )
 
     def _report(
         self,
@@ -388,6 +416,7 @@ class Reconciler:
             )
         if found.result is not None and not found.result.dry_run:
             telemetry.record_rollout(self.metrics, policy, found.result)
+        telemetry.record_canary(self.metrics, policy, found.canary_notes)
         return Reconciled(
             at=found.now,
             status=reporting.status(found, previous),
@@ -405,9 +434,13 @@ class Reconciler:
         replicas: Sequence[Replica],
         state: PolicyMemory,
     ) -> sources.Reading:
-        # Rules need signals; so does an objective: autotune, the guard and the SLO alert read
-        # the measured p95.
-        wanted = bool(policy.load and policy.load.rules) or policy.slo is not None
+        # Rules need signals; so does an objective (autotune, the guard and the SLO alert read
+        # the measured p95) and a canary (it compares replicas by their figures).
+        wanted = (
+            bool(policy.load and policy.load.rules)
+            or policy.slo is not None
+            or policy.rollout.canary is not None
+        )
         if not wanted:
             return sources.Reading(signals=decisions.Signals())
         prometheus = policy.load.prometheus.url if policy.load and policy.load.prometheus else ""

@@ -17,7 +17,7 @@ import pydantic
 
 from batchpilot.api import durations
 from batchpilot.api.v1alpha1 import specs, statuses
-from batchpilot.applying import rollouts
+from batchpilot.applying import canaries, rollouts
 from batchpilot.applying.replicas import Replica
 from batchpilot.policy import decisions, leads
 
@@ -67,6 +67,13 @@ class Findings:
     measured_wave_seconds: float | None = None
     credential_problem: str | None = None
     """Why the policy's repository credential cannot be had; nothing was applied."""
+    canary: statuses.CanaryStatus | None = None
+    """The latest canary (`batchpilot.applying.canaries`)."""
+    settings_history: statuses.SettingsHistory | None = None
+    canary_notes: Sequence[canaries.Note] = ()
+    """What this pass did with the canary: its events."""
+    canary_failure: statuses.FailedSettings | None = None
+    """The decided settings' failed canary, when they failed one under this spec."""
 
 
 def previous_status(status: Mapping[str, Any]) -> statuses.BatchPolicyStatus:
@@ -110,6 +117,7 @@ def _invalid(
         "DrainIneffective": (False, "InvalidSpec", ""),
         "PodsContested": (False, "InvalidSpec", ""),
         "CredentialRefused": (False, "InvalidSpec", ""),
+        "CanaryFailed": (False, "InvalidSpec", ""),
     }
     decision = findings.decision
     return previous.model_copy(
@@ -140,6 +148,7 @@ def _decided(
         "DrainIneffective": drain_ineffective(findings.result, previous),
         "PodsContested": pods_contested(findings.contested),
         "CredentialRefused": credential_refused(findings),
+        "CanaryFailed": canary_failed(findings.canary_failure),
     }
     return statuses.BatchPolicyStatus(
         active_profile=decision.profile,
@@ -161,6 +170,8 @@ def _decided(
         targets=counts,
         target_details=details[:MAX_TARGET_DETAILS],
         conditions=conditions(wanted, findings, previous),
+        settings=findings.settings_history,
+        canary=findings.canary,
         observed_generation=findings.generation,
     )
 
@@ -223,6 +234,8 @@ def ready(findings: Findings, counts: statuses.TargetCounts) -> Wanted:
         if findings.skipped:
             message += f" ({'; '.join(findings.skipped)})"
         return False, "NoTargets", message
+    if findings.canary_failure is not None:
+        return False, "CanaryFailed", canary_failed(findings.canary_failure)[2]
     if counts.updated == counts.total:
         return True, "RolledOut", f"{decision.profile} on every target"
     return False, "NotAllUpdated", counts.summary
@@ -251,6 +264,17 @@ def signals_unavailable(problems: Sequence[str]) -> Wanted:
         True,
         "SignalsMissing",
         "; ".join(problems) + "; load rules keep their last state, then the schedule decides",
+    )
+
+
+def canary_failed(failure: statuses.FailedSettings | None) -> Wanted:
+    if failure is None:
+        return False, "NoFailedCanary", ""
+    return (
+        True,
+        "CanaryRolledBack",
+        f"{failure.profile}'s settings {failure.settings_hash} failed their canary "
+        f"({failure.reason}); the fleet keeps the settings it served until the spec changes",
     )
 
 
@@ -388,6 +412,9 @@ def notices(findings: Findings) -> list[Notice]:
         found.extend(
             Notice(Event("Warning", "ContainerRestarted", message))
             for message in findings.result.restarts
+        )
+        found.extend(
+            Notice(Event(note.type, note.reason, note.message)) for note in findings.canary_notes
         )
         rolled_out = rolled_out_event(findings.result)
         if rolled_out is not None:

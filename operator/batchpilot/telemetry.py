@@ -23,7 +23,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from batchpilot.api.v1alpha1 import specs
-from batchpilot.applying import rollouts
+from batchpilot.applying import canaries, rollouts
 from batchpilot.policy import decisions
 from batchpilot_triton import exposition
 
@@ -55,6 +55,8 @@ ROLLOUT_START = f"{PREFIX}_rollout_start_timestamp_seconds"
 LEAD_TIME = f"{PREFIX}_lead_time_seconds"
 GUARD_ACTIONS = f"{PREFIX}_slo_guard_actions_total"
 DRAINS_INEFFECTIVE = f"{PREFIX}_drains_ineffective_total"
+CANARY_VERDICTS = f"{PREFIX}_canary_verdicts_total"
+CANARY_VERDICTS_BY = typing.get_args(canaries.VerdictLabel)
 GUARD_ACTIONS_BY = typing.get_args(decisions.GuardAction)
 
 APPLY_ERRORS_BY = typing.get_args(rollouts.ApplyError)
@@ -104,6 +106,7 @@ class ControllerMetrics:
     lead_time: Gauge
     guard_actions: Counter
     drains_ineffective: Counter
+    canary_verdicts: Counter
     exported: dict[PolicyLabels, set[tuple[AnyFamily, tuple[str, ...]]]] = field(
         default_factory=dict
     )
@@ -234,6 +237,14 @@ def controller_metrics(registry: CollectorRegistry | None = None) -> ControllerM
             [POLICY_NAMESPACE, POLICY],
             registry=registry,
         ),
+        canary_verdicts=Counter(
+            CANARY_VERDICTS,
+            "Canary verdicts on new settings (spec.rollout.canary), by verdict: "
+            + ", ".join(CANARY_VERDICTS_BY)
+            + ".",
+            [POLICY_NAMESPACE, POLICY, "verdict"],
+            registry=registry,
+        ),
         guard_actions=Counter(
             GUARD_ACTIONS,
             "SLO guard changes of the queue delay: lowered on a p95 breach, restored after it.",
@@ -255,6 +266,8 @@ def count_from_zero(
     for action in GUARD_ACTIONS_BY:
         metrics.series(metrics.guard_actions, policy, action)
     metrics.series(metrics.drains_ineffective, policy)
+    for verdict in CANARY_VERDICTS_BY:
+        metrics.series(metrics.canary_verdicts, policy, verdict)
 
 
 def record_decision(
@@ -293,6 +306,15 @@ def record_decision(
     metrics.series(metrics.signals_unavailable, policy).set(signals_missing)
     set_objective(metrics, policy, spec, decision.profile)
     set_roles(metrics, policy, spec)
+
+
+def record_canary(
+    metrics: ControllerMetrics, policy: PolicyLabels, notes: Iterable[canaries.Note]
+) -> None:
+    """Each canary verdict of a pass, counted by what it was."""
+    for note in notes:
+        if note.verdict is not None:
+            metrics.series(metrics.canary_verdicts, policy, note.verdict).inc()
 
 
 def record_rollout(

@@ -44,6 +44,9 @@ class FakeServer:
     unreachable: bool = False
     repository_headers: dict[str, str] | None = None
     """The credential its repository API is locked to (None: open)."""
+    settings: rendering.Settings | None = None
+    """The settings it was last given (None: whatever its profile's were, for a server a test
+    starts on a profile)."""
 
 
 class FakeFleet:
@@ -81,7 +84,7 @@ class FakeFleet:
         server = self._server(url)
         if server.refuse:
             raise overrides.ProfileRefused(server.refuse)
-        return server.profile == profile
+        return server.profile == profile and server.settings in (None, settings)
 
     async def queue(self, url: str, models: Sequence[str]) -> fleets.QueueReading:
         server = self._server(url)
@@ -110,7 +113,7 @@ class FakeFleet:
             await asyncio.sleep(self.apply_seconds)
             if server.fail_with is not None:
                 raise server.fail_with
-            previous, server.profile = server.profile, profile
+            previous, server.profile, server.settings = server.profile, profile, settings
             return actuators.Applied(model, profile, previous, True, self.apply_seconds)
         finally:
             self.in_flight -= 1

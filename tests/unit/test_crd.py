@@ -59,6 +59,20 @@ def test_every_field_is_described_and_structural() -> None:
             )
 
 
+def test_every_default_is_valid_against_its_own_schema() -> None:
+    """The API server refuses a CRD whose default does not validate (an unset optional field
+    rendered as null inside an object's default, for one)."""
+    import jsonschema
+
+    version = crds.render()["spec"]["versions"][0]
+    root = version["schema"]["openAPIV3Schema"]
+    for section in ("spec", "status"):
+        for path, node in _nodes(root["properties"][section], section):
+            if "default" in node:
+                found = list(jsonschema.Draft4Validator(node).iter_errors(node["default"]))
+                assert not found, f"{path}'s default: {found[0].message}"
+
+
 def test_sample_policy_is_admitted_and_parses() -> None:
     document = yaml.safe_load((REPO / "manifests" / "batchpolicy.yaml").read_text(encoding="utf-8"))
     spec = copy.deepcopy(document["spec"])

@@ -141,6 +141,34 @@ ALERTS: tuple[Alert, ...] = (
         ),
     ),
     Alert(
+        name="BatchpilotCanaryRolledBack",
+        panel="Profile switches",
+        expr=(
+            f"sum by ({_BY}) "
+            f'(increase({telemetry.CANARY_VERDICTS}{{verdict="rolled_back"}}[1h])) > 0'
+        ),
+        for_=None,
+        severity="warning",
+        summary=f"{_POLICY}: new settings failed their canary and were rolled back",
+        description=(
+            f"In the last hour policy {_POLICY} tried new settings on its canary replicas "
+            "(spec.rollout.canary) and rolled them back: they served worse than the other "
+            "replicas. The fleet keeps the settings it served, and those settings are not "
+            "tried again until the spec changes."
+        ),
+        runbook=(
+            f"{_EVENTS} reason=CanaryRolledBack` and the policy's status.canary say which "
+            "profile's settings failed, on which replicas, and by how much (failure rate, p95 "
+            "and p99 against the other replicas).",
+            "Compare the profile with the settings the fleet serves (status.settings.served): "
+            "a longer queue delay, larger preferred batch sizes or a queue policy that rejects "
+            "is the usual cause.",
+            "Fix the profile and apply it: a new spec generation gets a canary of its own. If "
+            "the verdict was wrong (a noisy replica, too little traffic), raise "
+            "rollout.canary.minRequests or analysisSeconds, or the limit it broke.",
+        ),
+    ),
+    Alert(
         name="BatchpilotProfileFlapping",
         panel="Profile switches",
         expr=f"sum by ({_BY}) (increase({telemetry.PROFILE_SWITCHES}[1h])) > 6",

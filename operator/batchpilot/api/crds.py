@@ -26,6 +26,16 @@ def _description(text: str) -> str:
     return "\n\n".join(" ".join(paragraph.split()) for paragraph in paragraphs)
 
 
+def _without_nulls(default: dict[str, Any]) -> dict[str, Any]:
+    """An object's default without its unset optional fields: a structural schema's default
+    must validate against it, and null is no object."""
+    return {
+        key: _without_nulls(value) if isinstance(value, dict) else value
+        for key, value in default.items()
+        if value is not None
+    }
+
+
 def _structural(node: Any, definitions: dict[str, Any]) -> Any:
     if isinstance(node, list):
         return [_structural(item, definitions) for item in node]
@@ -42,6 +52,8 @@ def _structural(node: Any, definitions: dict[str, Any]) -> Any:
         target = definitions[node.pop("$ref").rsplit("/", 1)[-1]]
         # The field's own description is more specific than its type's.
         node = {**target, **node}
+    if isinstance(node.get("default"), dict):
+        node["default"] = _without_nulls(node["default"])
     if node.get("default", ...) in (None, [], {}):
         del node["default"]
     if "const" in node:

@@ -6,8 +6,8 @@ names users wrote, e.g. `spec.profiles.interactive.maxQueueDelayMicroseconds`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import pydantic
@@ -89,6 +89,8 @@ class NamedPolicy:
     spec: specs.BatchPolicySpec
     namespace: str = ""
     """metadata.namespace, if the document says; the runner labels its series with it."""
+    status: Mapping[str, Any] = field(default_factory=dict)
+    """The status, for a document read back from the cluster (`kubectl get bp NAME -o yaml`)."""
 
 
 def parse_yaml_policy(text: str, *, default_name: str) -> NamedPolicy:
@@ -105,7 +107,13 @@ def parse_yaml_policy(text: str, *, default_name: str) -> NamedPolicy:
     metadata = document.get("metadata") if isinstance(document, dict) else None
     name = metadata.get("name") if isinstance(metadata, dict) else None
     namespace = metadata.get("namespace") if isinstance(metadata, dict) else None
-    return NamedPolicy(name=str(name or default_name), spec=spec, namespace=str(namespace or ""))
+    status = document.get("status") if isinstance(document, dict) else None
+    return NamedPolicy(
+        name=str(name or default_name),
+        spec=spec,
+        namespace=str(namespace or ""),
+        status=status if isinstance(status, dict) else {},
+    )
 
 
 def parse_yaml(text: str) -> specs.BatchPolicySpec:

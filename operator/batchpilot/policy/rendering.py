@@ -13,6 +13,8 @@ backend takes the rendering it understands and refuses the fields it has no sett
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,3 +123,33 @@ def render(profile: specs.Profile, *, queue_delay_microseconds: int | None = Non
         ),
         llm_fields=frozenset() if profile.llm is None else llm_fields(profile.llm),
     )
+
+
+def settings_document(settings: Settings) -> dict[str, Any]:
+    """Settings as a JSON object (what a status keeps of them); `from_document` reads it back."""
+    return {
+        "dynamicBatching": settings.dynamic_batching,
+        "maxBatchSize": settings.max_batch_size,
+        "engineArguments": settings.engine_arguments,
+        "tensorrtLlmParameters": settings.tensorrt_llm_parameters,
+        "llmFields": sorted(settings.llm_fields),
+    }
+
+
+def from_document(document: dict[str, Any]) -> Settings:
+    """Settings from `settings_document`'s JSON object; raises KeyError or TypeError on any
+    other."""
+    return Settings(
+        dynamic_batching=dict(document["dynamicBatching"]),
+        max_batch_size=document["maxBatchSize"],
+        engine_arguments=document["engineArguments"],
+        tensorrt_llm_parameters=document["tensorrtLlmParameters"],
+        llm_fields=frozenset(document["llmFields"]),
+    )
+
+
+def settings_hash(settings: Settings) -> str:
+    """A short name for what a model is asked to run: equal settings, equal hash, whichever
+    profile they come from."""
+    canonical = json.dumps(settings_document(settings), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:12]

@@ -621,6 +621,37 @@ class Override(Model):
     """Why, for the status and events."""
 
 
+CanaryFallback = Literal["Promote", "Rollback"]
+
+
+class Canary(Model):
+    """Settings the fleet has not served before (a profile whose settings changed, a queue delay
+    autotune recommends) go to a few replicas first; they are compared with the other replicas
+    of the same models over an analysis window, then rolled out to the rest or rolled back.
+    Switches between settings the fleet served before roll straight on, so a canary never makes
+    a scheduled switch late, and neither do the SLO guard's emergency changes. A policy's first
+    rollout has nothing of batchpilot's to return to, and rolls straight on."""
+
+    replicas: Annotated[int, Field(ge=1, le=100)] = 1
+    """How many replicas take new settings first."""
+    analysis_seconds: Annotated[int, Field(ge=10, le=3600)] = 120
+    """How long the canary replicas are compared with the rest, once they serve the settings."""
+    min_requests: Annotated[int, Field(ge=1, le=100_000_000)] = 100
+    """The fewest requests the canary replicas, and the rest, must serve in the window for a
+    verdict; with fewer it is inconclusive (see onInconclusive)."""
+    max_failure_rate: Annotated[float, Field(ge=0.0, le=1.0)] = 0.01
+    """How much higher the canary's failure rate may be than the other replicas' (0.01: one
+    percentage point). Past it the canary is rolled back at once, once minRequests were seen."""
+    max_p95_ratio: Annotated[float, Field(ge=1.0, le=100.0)] = 1.5
+    """The canary's p95 latency over the others' (the median of the readings' ratios, so a
+    slow second does not decide) above which it is rolled back."""
+    max_p99_ratio: Annotated[float, Field(ge=1.0, le=100.0)] | None = None
+    """The same for the p99; not judged when absent."""
+    on_inconclusive: CanaryFallback = "Promote"
+    """What happens when the window ends with too little to judge, or when there is no other
+    replica to compare with: Promote (roll out to the rest) or Rollback."""
+
+
 class Rollout(Model):
     """How a profile change rolls out across the Triton replicas."""
 
@@ -639,6 +670,8 @@ class Rollout(Model):
     verify_timeout_seconds: Annotated[int, Field(ge=1, le=3600)] = 120
     """How long a replica may take to load and report the new configuration before it is rolled
     back."""
+    canary: Canary | None = None
+    """Prove new settings on a few replicas before the rest take them; off when absent."""
 
 
 def _names_profile(spec: BatchPolicySpec, name: str) -> bool:
@@ -716,6 +749,14 @@ class BatchPolicySpec(Model):
             message="every slo.profiles entry must name one of spec.profiles",
             field_path=".slo.profiles",
             holds=lambda s: s.slo is None or all(_names_profile(s, p) for p in s.slo.profiles),
+        ),
+        validations.CrossFieldRule(
+            cel="!has(self.rollout) || !has(self.rollout.canary) || !has(self.load)"
+            " || !has(self.load.source) || self.load.source != 'prometheus'",
+            message="rollout.canary compares replicas by their sidecars' or Triton's own "
+            "figures; load.source prometheus gives none per replica",
+            field_path=".rollout.canary",
+            holds=lambda s: s.rollout.canary is None or s.signal_source != "prometheus",
         ),
     )
 

@@ -25,8 +25,10 @@ ConditionType = Literal[
     "DrainIneffective",
     "PodsContested",
     "CredentialRefused",
+    "CanaryFailed",
 ]
 TargetState = Literal["Updated", "Pending", "Draining", "Applying", "Failed", "Unreachable"]
+CanaryPhase = Literal["Rolling", "Analysing", "Promoted", "RolledBack", "Inconclusive"]
 
 
 class Condition(Model):
@@ -34,8 +36,8 @@ class Condition(Model):
 
     type: Annotated[str, Field(max_length=64)]
     """Ready, Progressing, Degraded, InvalidSpec, SignalsUnavailable, LeadTimeInsufficient,
-    DrainIneffective, PodsContested (Pods it selects that an older policy governs) or
-    CredentialRefused."""
+    DrainIneffective, PodsContested (Pods it selects that an older policy governs),
+    CredentialRefused or CanaryFailed (the decided settings failed their canary)."""
     status: Literal["True", "False", "Unknown"]
     """Whether the condition holds."""
     reason: Annotated[str, Field(max_length=128)] = ""
@@ -78,6 +80,64 @@ class TargetCounts(Model):
     """The counts as a short text, e.g. "2/3 updated, 1 failed"."""
 
 
+SettingsHash = Annotated[str, Field(max_length=64)]
+
+
+class FailedSettings(Model):
+    """Settings that failed their canary: not tried again until the spec changes."""
+
+    settings_hash: SettingsHash
+    """The settings' hash (settingsHash of status.canary)."""
+    profile: Annotated[str, Field(max_length=63)]
+    """The profile they were the settings of."""
+    generation: int | None = None
+    """The spec generation they failed under; a new generation tries them again."""
+    reason: Annotated[str, Field(max_length=1024)] = ""
+    """The canary's verdict, with its figures."""
+    failed_at: AwareDatetime | None = None
+    """When the verdict came."""
+
+
+class SettingsHistory(Model):
+    """Which settings the fleet has served, for rollout.canary."""
+
+    served_profile: Annotated[str, Field(max_length=63)] | None = None
+    """The profile the whole fleet last served."""
+    served_hash: SettingsHash | None = None
+    """The hash of the settings it served them with."""
+    served: Annotated[str, Field(max_length=16384)] = ""
+    """Those settings, as JSON: what canary replicas return to when new settings fail."""
+    proven: list[SettingsHash] = Field(default_factory=list, max_length=16)
+    """Hashes of settings the fleet served (the most recent last): these roll straight on."""
+    failed: list[FailedSettings] = Field(default_factory=list, max_length=16)
+    """Settings that failed their canary under the current spec."""
+
+
+class CanaryStatus(Model):
+    """The latest canary: which replicas, since when, the figures so far, the verdict and why."""
+
+    profile: Annotated[str, Field(max_length=63)]
+    """The profile whose new settings are on trial."""
+    settings_hash: SettingsHash
+    """A short hash of the settings on trial (Triton's dynamic_batching, the batch-size cap,
+    the LLM engine's arguments)."""
+    replicas: list[Annotated[str, Field(max_length=253)]] = Field(
+        default_factory=list, max_length=100
+    )
+    """The canary replicas' Pods."""
+    phase: CanaryPhase
+    """Rolling (the canary replicas take the settings), Analysing, or the verdict: Promoted,
+    RolledBack, Inconclusive."""
+    started_at: AwareDatetime | None = None
+    """When the analysis began: every canary replica serving the settings."""
+    figures: Annotated[str, Field(max_length=1024)] = ""
+    """The window's figures so far: requests and failure rates on both sides, latency ratios."""
+    reason: Annotated[str, Field(max_length=1024)] = ""
+    """Why the verdict, or what the canary waits for."""
+    verdict_time: AwareDatetime | None = None
+    """When the verdict came."""
+
+
 class BatchPolicyStatus(Model):
     """What the operator decided and how far the fleet has followed."""
 
@@ -109,6 +169,10 @@ class BatchPolicyStatus(Model):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     """Ready, Progressing, Degraded, InvalidSpec, SignalsUnavailable, LeadTimeInsufficient,
-    DrainIneffective and CredentialRefused."""
+    DrainIneffective, PodsContested, CredentialRefused and CanaryFailed."""
+    settings: SettingsHistory | None = None
+    """Which settings the fleet served, proved and failed (with rollout.canary)."""
+    canary: CanaryStatus | None = None
+    """The latest canary (with rollout.canary)."""
     observed_generation: int | None = None
     """The spec generation this status describes."""

@@ -1,0 +1,443 @@
+"""Rollouts with a canary: new settings on a few replicas, judged against the rest, then the
+fleet or a rollback (`spec.rollout.canary`).
+
+Which settings are new is remembered per settings hash (`rendering.settings_hash`), in memory
+and in the status (`status.settings`), so a restarted operator knows them too:
+
+- settings the whole fleet served (proven) roll straight on, so daily switches between proven
+  profiles are never late for a canary; so do the SLO guard's emergency changes, and a policy's
+  first rollout (nothing of batchpilot's to return to);
+- settings that failed their canary are not tried again under the same spec generation: the
+  fleet stays on the settings it served, and canary replicas return to them;
+- other settings go to `canary.replicas` replicas first (Rolling); once all of them serve
+  them, they are compared with the others over `canary.analysisSeconds` (Analysing), from the
+  per-replica figures of the policy's signal source, by `batchpilot.policy.verdicts`; then
+  Promoted (the rest follow in the same pass), RolledBack, or Inconclusive (onInconclusive
+  decides which of the two).
+
+Every step is level-based like a plain rollout: a pass finds where the canary stands and moves
+it on; the analysis window itself lives in memory, so a restarted operator starts it afresh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import statistics
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from batchpilot.api.v1alpha1 import specs, statuses
+from batchpilot.applying import rollouts
+from batchpilot.applying.replicas import Replica
+from batchpilot.policy import rendering, verdicts
+from batchpilot_triton import scraping
+
+PROVEN_REMEMBERED = 16
+FAILED_REMEMBERED = 16
+
+EventType = Literal["Normal", "Warning"]
+VerdictLabel = Literal["promoted", "rolled_back", "inconclusive"]
+"""The `verdict` label of batchpilot_canary_verdicts_total."""
+
+
+@dataclass(frozen=True)
+class Note:
+    """Something a pass did with a canary, for an event (and a verdict, for the counter)."""
+
+    type: EventType
+    reason: str
+    message: str
+    verdict: VerdictLabel | None = None
+
+
+@dataclass
+class Analysis:
+    """One canary of one settings hash."""
+
+    profile: str
+    settings_hash: str
+    replicas: tuple[str, ...]
+    phase: statuses.CanaryPhase = "Rolling"
+    started: datetime.datetime | None = None
+    last_reading: datetime.datetime | None = None
+    samples: list[verdicts.Sample] = field(default_factory=list)
+    figures: verdicts.Figures | None = None
+    reason: str = "the canary replicas take the settings"
+    verdict_time: datetime.datetime | None = None
+
+    def status(self) -> statuses.CanaryStatus:
+        return statuses.CanaryStatus(
+            profile=self.profile,
+            settings_hash=self.settings_hash,
+            replicas=list(self.replicas),
+            phase=self.phase,
+            started_at=self.started,
+            figures=self.figures.describe() if self.figures else "",
+            reason=self.reason[:1024],
+            verdict_time=self.verdict_time,
+        )
+
+
+@dataclass
+class CanaryMemory:
+    """What the canary keeps of a policy between passes."""
+
+    served: tuple[str, rendering.Settings] | None = None
+    """The profile and settings the whole fleet last served."""
+    proven: list[str] = field(default_factory=list)
+    failed: dict[str, statuses.FailedSettings] = field(default_factory=dict)
+    analysis: Analysis | None = None
+    resumed: bool = False
+
+    def resume(self, previous: statuses.BatchPolicyStatus) -> None:
+        """Carry on from the status a previous operator wrote."""
+        if self.resumed:
+            return
+        self.resumed = True
+        history = previous.settings
+        if history is None:
+            return
+        self.proven = list(history.proven)
+        self.failed = {entry.settings_hash: entry for entry in history.failed}
+        if history.served and history.served_profile:
+            try:
+                settings = rendering.from_document(json.loads(history.served))
+            except (ValueError, KeyError, TypeError):
+                return  # not ours to trust: the next full rollout records it again
+            self.served = (history.served_profile, settings)
+
+    def history(self) -> statuses.SettingsHistory | None:
+        if self.served is None and not self.proven and not self.failed:
+            return None
+        profile, settings = self.served if self.served else (None, None)
+        return statuses.SettingsHistory(
+            served_profile=profile,
+            served_hash=rendering.settings_hash(settings) if settings else None,
+            served=(
+                json.dumps(rendering.settings_document(settings), sort_keys=True)
+                if settings
+                else ""
+            ),
+            proven=self.proven[-PROVEN_REMEMBERED:],
+            failed=list(self.failed.values())[-FAILED_REMEMBERED:],
+        )
+
+    def prove(self, settings_hash: str) -> None:
+        if settings_hash in self.proven:
+            self.proven.remove(settings_hash)
+        self.proven = [*self.proven, settings_hash][-PROVEN_REMEMBERED:]
+
+    def record_served(self, profile: str, settings: rendering.Settings) -> None:
+        self.served = (profile, settings)
+        self.prove(rendering.settings_hash(settings))
+
+    def failure(self, settings_hash: str) -> statuses.FailedSettings | None:
+        return self.failed.get(settings_hash)
+
+
+@dataclass(frozen=True)
+class Context:
+    """One pass's facts the canary needs beyond the rollout's own."""
+
+    canary: specs.Canary | None
+    generation: int | None
+    now: datetime.datetime
+    emergency: bool
+    """The SLO guard holds the queue delay down: its change must not wait."""
+    per_server: Mapping[str, Mapping[str, scraping.ModelRates]]
+    """The signal source's latest per-server figures, by the URL it reads each server at."""
+    models: Collection[str]
+    """The governed models (empty: every model a server serves)."""
+
+
+@dataclass(frozen=True)
+class Passed:
+    result: rollouts.Result
+    notes: tuple[Note, ...] = ()
+
+
+async def roll_out(
+    replicas: Sequence[Replica],
+    survey: rollouts.Survey,
+    plan: rollouts.Plan,
+    fleet: rollouts.Fleet,
+    gates: rollouts.Gates,
+    *,
+    memory: CanaryMemory,
+    context: Context,
+) -> Passed:
+    """One pass of the rollout of `plan`, through a canary where its settings are new."""
+    wanted = rendering.settings_hash(plan.settings)
+    _forget_failures_of_older_specs(memory, context.generation)
+    failed = memory.failure(wanted)
+    if failed is not None and memory.served is not None:
+        # The fleet stays on what it served; canary replicas left on the failed settings return.
+        profile, settings = memory.served
+        back = dataclasses.replace(plan, profile=profile, settings=settings)
+        return Passed(await rollouts.roll_out(replicas, survey, back, fleet, gates))
+    straight = (
+        context.canary is None
+        or context.emergency
+        or memory.served is None
+        or wanted in memory.proven
+    )
+    if straight:
+        return Passed(await _everywhere(replicas, survey, plan, fleet, gates, memory))
+    return await _canary(replicas, survey, plan, fleet, gates, memory, context, wanted)
+
+
+async def _everywhere(
+    replicas: Sequence[Replica],
+    survey: rollouts.Survey,
+    plan: rollouts.Plan,
+    fleet: rollouts.Fleet,
+    gates: rollouts.Gates,
+    memory: CanaryMemory,
+) -> rollouts.Result:
+    result = await rollouts.roll_out(replicas, survey, plan, fleet, gates)
+    if result.outcomes and result.count("Updated") == len(result.outcomes):
+        memory.record_served(plan.profile, plan.settings)
+    return result
+
+
+async def _canary(
+    replicas: Sequence[Replica],
+    survey: rollouts.Survey,
+    plan: rollouts.Plan,
+    fleet: rollouts.Fleet,
+    gates: rollouts.Gates,
+    memory: CanaryMemory,
+    context: Context,
+    wanted: str,
+) -> Passed:
+    assert context.canary is not None
+    spec = context.canary
+    reachable = [replica for replica in replicas if replica.name not in survey.unreachable]
+    names = {replica.name for replica in reachable}
+    analysis = memory.analysis
+    if (
+        analysis is None
+        or analysis.settings_hash != wanted
+        or analysis.phase in ("Promoted", "RolledBack", "Inconclusive")
+        or not set(analysis.replicas) <= names
+    ):
+        chosen = tuple(sorted(names)[: spec.replicas])
+        analysis = memory.analysis = Analysis(plan.profile, wanted, chosen)
+    notes: list[Note] = []
+    if len(reachable) <= len(analysis.replicas):
+        return await _conclude(
+            replicas, survey, plan, fleet, gates, memory, context, analysis,
+            verdicts.Judgement(
+                "Inconclusive",
+                f"no replica to compare with: {len(reachable)} answer, the canary takes "
+                f"{spec.replicas}",
+                verdicts.figures([], _limits(spec)),
+            ),
+        )  # fmt: skip
+    canaries = [replica for replica in reachable if replica.name in analysis.replicas]
+    trial = await rollouts.roll_out(canaries, survey, plan, fleet, gates)
+    if analysis.phase == "Rolling":
+        broken = [outcome for outcome in trial.outcomes if outcome.state == "Failed"]
+        if broken:
+            why = "; ".join(f"{o.replica.title}: {o.message}" for o in broken)
+            judged = verdicts.Judgement(
+                "Rollback",
+                f"the settings could not be applied: {why}",
+                verdicts.figures([], _limits(spec)),
+            )
+            return await _conclude(
+                replicas, survey, plan, fleet, gates, memory, context, analysis, judged
+            )
+        if trial.count("Updated") < len(canaries):
+            return Passed(_with_others_waiting(trial, replicas, "the canary replicas take them"))
+        analysis.phase = "Analysing"
+        analysis.started = analysis.last_reading = context.now
+        analysis.reason = "analysing"
+        notes.append(
+            Note(
+                "Normal",
+                "CanaryStarted",
+                f"{plan.profile} settings {wanted} on {', '.join(analysis.replicas)}: compared "
+                f"with the other {len(reachable) - len(canaries)} replicas for "
+                f"{spec.analysis_seconds}s",
+            )
+        )
+        return Passed(_with_others_waiting(trial, replicas, "waiting for the canary"), tuple(notes))
+    sample = _sample(reachable, analysis, context)
+    if sample is not None:
+        analysis.samples.append(sample)
+        analysis.last_reading = context.now
+    assert analysis.started is not None
+    judged = verdicts.judge(analysis.samples, _limits(spec), analysis.started, context.now)
+    analysis.figures = judged.figures
+    if judged.verdict is None:
+        return Passed(_with_others_waiting(trial, replicas, "waiting for the canary"))
+    return await _conclude(replicas, survey, plan, fleet, gates, memory, context, analysis, judged)
+
+
+async def _conclude(
+    replicas: Sequence[Replica],
+    survey: rollouts.Survey,
+    plan: rollouts.Plan,
+    fleet: rollouts.Fleet,
+    gates: rollouts.Gates,
+    memory: CanaryMemory,
+    context: Context,
+    analysis: Analysis,
+    judged: verdicts.Judgement,
+) -> Passed:
+    assert context.canary is not None
+    analysis.figures = judged.figures
+    analysis.verdict_time = context.now
+    analysis.reason = judged.reason
+    promote = judged.verdict == "Promote" or (
+        judged.verdict == "Inconclusive" and context.canary.on_inconclusive == "Promote"
+    )
+    analysis.phase = (
+        "Inconclusive"
+        if judged.verdict == "Inconclusive"
+        else "Promoted"
+        if promote
+        else "RolledBack"
+    )
+    figures = f" ({judged.figures.describe()})" if judged.figures.canary_requests else ""
+    subject = f"{analysis.profile} settings {analysis.settings_hash}"
+    notes = []
+    if judged.verdict == "Inconclusive":
+        then = "promoted" if promote else "rolled back"
+        notes.append(
+            Note(
+                "Warning",
+                "CanaryInconclusive",
+                f"{subject}: {judged.reason}; {then}{figures}",
+                "inconclusive",
+            )
+        )
+    if promote:
+        memory.prove(analysis.settings_hash)
+        if judged.verdict == "Promote":
+            notes.append(
+                Note("Normal", "CanaryPromoted", f"{subject}: promoted{figures}", "promoted")
+            )
+        result = await _everywhere(replicas, survey, plan, fleet, gates, memory)
+        return Passed(result, tuple(notes))
+    memory.failed[analysis.settings_hash] = statuses.FailedSettings(
+        settings_hash=analysis.settings_hash,
+        profile=analysis.profile,
+        generation=context.generation,
+        reason=f"{judged.reason}{figures}"[:1024],
+        failed_at=context.now,
+    )
+    while len(memory.failed) > FAILED_REMEMBERED:
+        memory.failed.pop(next(iter(memory.failed)))
+    if judged.verdict == "Rollback":
+        notes.append(
+            Note(
+                "Warning",
+                "CanaryRolledBack",
+                f"{subject}: rolled back: {judged.reason}{figures}; not tried again until the "
+                "spec changes",
+                "rolled_back",
+            )
+        )
+    assert memory.served is not None, "a canary runs only once the fleet served something"
+    profile, settings = memory.served
+    back = dataclasses.replace(plan, profile=profile, settings=settings)
+    return Passed(await rollouts.roll_out(replicas, survey, back, fleet, gates), tuple(notes))
+
+
+def _with_others_waiting(
+    trial: rollouts.Result, replicas: Sequence[Replica], why: str
+) -> rollouts.Result:
+    tried = {outcome.replica.name for outcome in trial.outcomes}
+    waiting = [
+        rollouts.Outcome(replica, "Pending", None, why)
+        for replica in replicas
+        if replica.name not in tried
+    ]
+    return dataclasses.replace(trial, outcomes=(*trial.outcomes, *waiting))
+
+
+def _forget_failures_of_older_specs(memory: CanaryMemory, generation: int | None) -> None:
+    memory.failed = {
+        key: entry for key, entry in memory.failed.items() if entry.generation == generation
+    }
+
+
+def _limits(spec: specs.Canary) -> verdicts.Limits:
+    return verdicts.Limits(
+        analysis=datetime.timedelta(seconds=spec.analysis_seconds),
+        min_requests=spec.min_requests,
+        max_failure_rate=spec.max_failure_rate,
+        max_p95_ratio=spec.max_p95_ratio,
+        max_p99_ratio=spec.max_p99_ratio,
+    )
+
+
+def _sample(
+    reachable: Sequence[Replica], analysis: Analysis, context: Context
+) -> verdicts.Sample | None:
+    """What each side served since the previous reading, from the source's per-server figures
+    (each covers its own rate window, so its counts are prorated to the time since)."""
+    assert analysis.last_reading is not None
+    since = (context.now - analysis.last_reading).total_seconds()
+    if since <= 0:
+        return None
+    canary = [_served(r, context, since) for r in reachable if r.name in analysis.replicas]
+    baseline = [_served(r, context, since) for r in reachable if r.name not in analysis.replicas]
+    return verdicts.Sample(
+        at=context.now,
+        canary=_group([served for served in canary if served is not None]),
+        baseline=_group([served for served in baseline if served is not None]),
+    )
+
+
+def _served(replica: Replica, context: Context, since: float) -> verdicts.Served | None:
+    per_model = _figures_of(replica, context.per_server)
+    if per_model is None:
+        return None
+    chosen = [
+        rates for model, rates in per_model.items() if not context.models or model in context.models
+    ]
+    if not chosen:
+        return None
+    share = min(1.0, since / max(rates.seconds for rates in chosen))
+    p95s = [rates.p95_ms for rates in chosen if rates.p95_ms is not None]
+    p99s = [rates.p99_ms for rates in chosen if rates.p99_ms is not None]
+    return verdicts.Served(
+        requests=share * sum(rates.counted.requests for rates in chosen),
+        failures=share * sum(rates.counted.requests_failed for rates in chosen),
+        p95_ms=max(p95s, default=None),
+        p99_ms=max(p99s, default=None),
+    )
+
+
+def _figures_of(
+    replica: Replica, per_server: Mapping[str, Mapping[str, scraping.ModelRates]]
+) -> Mapping[str, scraping.ModelRates] | None:
+    """A replica's figures, under the URL the source reads it at: its sidecar's, or Triton's."""
+    keys = [f"http://{replica.endpoint}"]
+    if replica.sidecar_url:
+        keys.insert(0, replica.sidecar_url.rstrip("/"))
+    for key in keys:
+        if key in per_server:
+            return per_server[key]
+    return None
+
+
+def _group(served: Sequence[verdicts.Served]) -> verdicts.Served:
+    """One side's figures: counts add up; a quantile is the median replica's, so one odd replica
+    of the baseline does not move the comparison."""
+
+    def median(values: list[float]) -> float | None:
+        return statistics.median(values) if values else None
+
+    return verdicts.Served(
+        requests=sum(s.requests for s in served),
+        failures=sum(s.failures for s in served),
+        p95_ms=median([s.p95_ms for s in served if s.p95_ms is not None]),
+        p99_ms=median([s.p99_ms for s in served if s.p99_ms is not None]),
+    )
