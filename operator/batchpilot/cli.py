@@ -23,7 +23,6 @@ from types import ModuleType
 
 from batchpilot import __version__, explaining
 from batchpilot.api import documents
-from batchpilot.api.v1alpha1 import specs
 from batchpilot.applying import credentials
 from batchpilot_triton import endpoints
 
@@ -46,12 +45,9 @@ def _read_named_policy(path: Path) -> documents.NamedPolicy:
     return documents.parse_yaml_policy(text, default_name=path.stem)
 
 
-def _read_policy(path: Path) -> specs.BatchPolicySpec:
-    return _read_named_policy(path).spec
-
-
 def _explain(arguments: argparse.Namespace) -> int:
-    spec = _read_policy(arguments.policy)
+    named = _read_named_policy(arguments.policy)
+    spec = named.spec
     signals = explaining.parse_signals(arguments.signal)
     at = (
         explaining.parse_instant(arguments.at, spec)
@@ -61,9 +57,10 @@ def _explain(arguments: argparse.Namespace) -> int:
     lead = explaining.lead(spec, replicas=arguments.replicas, wave_seconds=arguments.wave_seconds)
     decision = explaining.explain(spec, at, signals, lead)
     if arguments.output == "json":
-        print(json.dumps(explaining.as_json(spec, at, signals, decision), indent=2))
+        found = explaining.as_json(spec, at, signals, decision, named.status)
+        print(json.dumps(found, indent=2))
     else:
-        print(explaining.as_text(spec, at, signals, decision, lead))
+        print(explaining.as_text(spec, at, signals, decision, lead, named.status))
     return 0
 
 
@@ -263,7 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="URL",
         help=f"a batchpilot sidecar, e.g. http://10.0.0.5:{endpoints.SIDECAR_PORT} (repeatable): "
         "load signals and the SLO autotune recommendation come from the sidecars when "
-        "spec.load.source is sidecar (the default)",
+        "spec.load.source is sidecar (the default); one per --triton, in the same order, tells "
+        "a canary (spec.rollout.canary) whose figures are whose",
     )
     run.add_argument(
         "--model-repository",

@@ -7,8 +7,10 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+import pydantic
+
 from batchpilot.api import durations
-from batchpilot.api.v1alpha1 import specs
+from batchpilot.api.v1alpha1 import specs, statuses
 from batchpilot.policy import decisions, leads, loads, rendering
 
 SIGNAL_NAMES = (*specs.LOAD_METRICS, *decisions.RECOMMENDATIONS)
@@ -64,6 +66,75 @@ def explain(
     return decisions.decide(spec, at, signals, memory, lead=early)
 
 
+def canary(
+    spec: specs.BatchPolicySpec, decision: decisions.Decision, status: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    """With spec.rollout.canary: whether the decided settings are proven, new or failed, from the
+    status of a policy read back from the cluster (none: as far as the file says), and the
+    latest canary there."""
+    wanted = spec.rollout.canary
+    if wanted is None:
+        return None
+    try:
+        known = statuses.BatchPolicyStatus.model_validate(status)
+    except pydantic.ValidationError:
+        known = statuses.BatchPolicyStatus()
+    settings_hash = rendering.settings_hash(decision.settings)
+    history = known.settings
+    failed = next(
+        (
+            entry
+            for entry in (history.failed if history else [])
+            if entry.settings_hash == settings_hash
+        ),
+        None,
+    )
+    trial = (
+        f"{wanted.replicas} replica(s) take them first, compared with the rest for "
+        f"{durations.format_duration(wanted.analysis_seconds)}"
+    )
+    if failed is not None:
+        verdict = (
+            f"failed their canary ({failed.reason}); the fleet keeps the settings it served "
+            "until the spec changes"
+        )
+    elif history is not None and settings_hash in history.proven:
+        verdict = "proven (the fleet served them): they roll straight on"
+    elif history is not None and history.served_hash is None:
+        verdict = "the policy's first rollout: it rolls straight on"
+    elif status:
+        verdict = f"new: {trial}"
+    else:
+        verdict = (
+            f"new unless the fleet served them: {trial} (explain a policy read back with "
+            "`kubectl get bp NAME -o yaml` to know)"
+        )
+    latest = known.canary
+    return {
+        "settings_hash": settings_hash,
+        "settings": verdict,
+        "latest": latest.model_dump(by_alias=True, mode="json", exclude_none=True)
+        if latest
+        else None,
+    }
+
+
+def _canary_lines(found: dict[str, Any] | None) -> list[str]:
+    if found is None:
+        return []
+    lines = [f"Settings:         {found['settings_hash']}: {found['settings']}"]
+    latest = found["latest"]
+    if latest:
+        since = f" since {latest['startedAt']}" if latest.get("startedAt") else ""
+        figures = f"; {latest['figures']}" if latest.get("figures") else ""
+        lines.append(
+            f"Canary:           {latest['phase']}: {latest['profile']} settings "
+            f"{latest['settingsHash']} on {', '.join(latest['replicas'])}{since}: "
+            f"{latest.get('reason', '')}{figures}"
+        )
+    return lines
+
+
 def _iso(instant: datetime.datetime | None) -> str | None:
     if instant is None:
         return None
@@ -75,6 +146,7 @@ def as_json(
     at: datetime.datetime,
     signals: decisions.Signals,
     decision: decisions.Decision,
+    status: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     return {
         "at": _iso(at),
@@ -88,6 +160,7 @@ def as_json(
         "llm_engine_arguments": decision.settings.engine_arguments,
         "llm_tensorrt_llm_parameters": decision.settings.tensorrt_llm_parameters,
         "signals": dict(signals.metrics),
+        "canary": canary(spec, decision, status or {}),
         "load_rules": [
             {"rule": loads.describe(rule), "profile": rule.profile, "holding": state.holding}
             for rule, state in zip(
@@ -105,6 +178,7 @@ def as_text(
     signals: decisions.Signals,
     decision: decisions.Decision,
     lead_time: leads.Lead | None = None,
+    status: Mapping[str, Any] | None = None,
 ) -> str:
     zone = spec.schedule.zone if spec.schedule else datetime.UTC
 
@@ -128,6 +202,7 @@ def as_text(
         )
     if signals.metrics:
         lines.append("Signals:          " + _pairs(signals.metrics))
+    lines += _canary_lines(canary(spec, decision, status or {}))
     recommended = llm_recommendation(spec, signals)
     if recommended is not None:
         lines.append(f"LLM engines:      {recommended}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime
 import logging
 import signal
@@ -65,6 +66,18 @@ class _Servers:
         return list(self._found), []
 
 
+def _replicas(
+    triton_servers: Sequence[servers.TritonServer], sidecar_urls: Sequence[str]
+) -> list[Replica]:
+    found = [replicas.from_url(server.url) for server in triton_servers]
+    if len(sidecar_urls) != len(found):
+        return found
+    return [
+        dataclasses.replace(replica, sidecar_url=url.rstrip("/"))
+        for replica, url in zip(found, sidecar_urls, strict=True)
+    ]
+
+
 class Runner:
     """Drives a set of Triton servers from one policy."""
 
@@ -80,7 +93,10 @@ class Runner:
         clock: Callable[[], datetime.datetime] = utc_now,
         model_repository: Path | None = None,
         credential_source: credentials.CredentialSource | None = None,
+        sidecar_urls: Sequence[str] = (),
     ) -> None:
+        """`sidecar_urls`: the sidecar beside each server, in the servers' order (a canary
+        tells the servers' figures apart by them); none, or not one each: unknown."""
         self.name = name
         self.namespace = namespace
         """Only a label of the runner's series (the policy document's metadata.namespace)."""
@@ -95,7 +111,7 @@ class Runner:
         for server in self.servers:
             self.fleet.adopt(server)
         self.engine = reconciling.Reconciler(
-            replicas=_Servers([replicas.from_url(server.url) for server in self.servers]),
+            replicas=_Servers(_replicas(self.servers, sidecar_urls)),
             gates=rollouts.NoGates(),
             fleet=self.fleet,
             signal_source=lambda namespace, policy, found: source,
@@ -206,6 +222,7 @@ async def run_standalone(
         metrics=metrics,
         model_repository=model_repository,
         credential_source=credential_source,
+        sidecar_urls=sidecar_urls if spec.signal_source == "sidecar" else (),
     )
 
     stop = asyncio.Event()

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from batchpilot import cli, explaining
 from batchpilot.policy import decisions
@@ -248,3 +249,42 @@ def test_the_llm_recommendation_names_the_objectives_it_serves() -> None:
         "sidecars recommend maxNumSeqs 24 for ttftP95Ms 500, itlP95Ms 40 (shown, not applied)"
     )
     assert explaining.llm_recommendation(spec, decisions.Signals()) is None
+
+
+def test_explain_says_whether_the_settings_are_proven_new_or_failed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    document = yaml.safe_load(SAMPLE.read_text())
+    document["spec"]["rollout"] = {"canary": {"replicas": 1, "analysisSeconds": 60}}
+    arguments = ["explain", "--at", "2026-11-24T12:00:00-05:00"]
+    written = tmp_path / "policy.yaml"
+    written.write_text(yaml.safe_dump(document))
+    assert cli.main([*arguments, "--policy", str(written)]) == 0
+    assert "compared with the rest for 1m (explain a policy read back" in capsys.readouterr().out
+
+    assert cli.main([*arguments, "--policy", str(written), "-o", "json"]) == 0
+    settings_hash = json.loads(capsys.readouterr().out)["canary"]["settings_hash"]
+    document["status"] = {
+        "settings": {
+            "servedProfile": "interactive",
+            "servedHash": "0123456789ab",
+            "failed": [
+                {"settingsHash": settings_hash, "profile": "interactive", "reason": "p95 3.1x"}
+            ],
+        },
+        "canary": {
+            "profile": "interactive",
+            "settingsHash": settings_hash,
+            "replicas": ["triton-0"],
+            "phase": "RolledBack",
+            "reason": "p95 3.1x the baseline's (limit 1.5x)",
+        },
+    }
+    written.write_text(yaml.safe_dump(document))
+    assert cli.main([*arguments, "--policy", str(written)]) == 0
+    text = capsys.readouterr().out
+    assert f"Settings:         {settings_hash}: failed their canary (p95 3.1x)" in text
+    assert (
+        f"Canary:           RolledBack: interactive settings {settings_hash} on triton-0: "
+        "p95 3.1x the baseline's (limit 1.5x)"
+    ) in text
