@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 
 import bench_boundary
+import bench_canary
 import bench_chaos
 import bench_drain
 import bench_llm
@@ -23,6 +24,7 @@ ON_A_CLUSTER: tuple[Main, ...] = (
     bench_scale.main,
     bench_boundary.main,
     bench_chaos.main,
+    bench_canary.main,
 )
 """The benchmarks that run against a local control plane; they come last, and share one."""
 
@@ -87,6 +89,12 @@ def one_local_cluster() -> Iterator[None]:
             "targets left wrong at the end",
             id="chaos",
             marks=pytest.mark.timeout(500),
+        ),
+        pytest.param(
+            bench_canary.main,
+            "canary's share of replicas",
+            id="canary",
+            marks=pytest.mark.timeout(400),
         ),
     ],
 )

@@ -484,3 +484,62 @@ def load_on_each(host: podnetwork.Host, ips: dict[str, str], *, rate: float) -> 
         yield sent
         for pod, load in loads.items():
             sent.records[pod] = load.stop()
+
+
+class PodArrivals:
+    """Poisson arrivals straight to each Pod's IP, from this process, in a thread of their own:
+    `rate` requests per second each, for at most `seconds` (or until `stop()`), every request
+    recorded with the Pod's URL and its time on `now()`'s clock."""
+
+    def __init__(self, ips: dict[str, str], *, rate: float, seconds: float) -> None:
+        self._records: list[loadgen.RequestRecord] = []
+        self._lock = threading.Lock()
+        self.started = time.monotonic()
+        payload = _payload()
+
+        def keep(record: loadgen.RequestRecord) -> None:
+            with self._lock:
+                self._records.append(record)
+
+        async def run() -> None:
+            await asyncio.gather(
+                *(
+                    loadgen.run_load(
+                        base_url=f"http://{ip}:{endpoints.TRITON_HTTP_PORT}",
+                        payload=payload,
+                        phases=[loadgen.Phase(rate=rate, seconds=seconds)],
+                        seed=index,
+                        on_record=keep,
+                        start=self.started,
+                    )
+                    for index, ip in enumerate(ips.values())
+                )
+            )
+
+        self._loop = asyncio.new_event_loop()
+        self._task = self._loop.create_task(run())
+
+        def drive() -> None:
+            with contextlib.suppress(asyncio.CancelledError):
+                self._loop.run_until_complete(self._task)
+            self._loop.close()
+
+        self._thread = threading.Thread(target=drive, name="pod-arrivals", daemon=True)
+        self._thread.start()
+
+    def now(self) -> float:
+        """Seconds since the arrivals began: the clock of the records' `scheduled` times."""
+        return time.monotonic() - self.started
+
+    def records(self) -> list[loadgen.RequestRecord]:
+        with self._lock:
+            return list(self._records)
+
+    def stop(self, timeout: float = 30.0) -> list[loadgen.RequestRecord]:
+        """End the arrivals (those in flight are cut, and not recorded); every record so far."""
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._task.cancel)
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise RuntimeError(f"the arrivals did not stop within {timeout:g}s")
+        return self.records()
