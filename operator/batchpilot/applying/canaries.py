@@ -137,6 +137,11 @@ class CanaryMemory:
     def failure(self, settings_hash: str) -> statuses.FailedSettings | None:
         return self.failed.get(settings_hash)
 
+    def fail(self, failed: statuses.FailedSettings) -> None:
+        self.failed[failed.settings_hash] = failed
+        while len(self.failed) > FAILED_REMEMBERED:
+            self.failed.pop(next(iter(self.failed)))
+
 
 @dataclass(frozen=True)
 class Context:
@@ -170,195 +175,160 @@ async def roll_out(
     context: Context,
 ) -> Passed:
     """One pass of the rollout of `plan`, through a canary where its settings are new."""
-    wanted = rendering.settings_hash(plan.settings)
-    _forget_failures_of_older_specs(memory, context.generation)
-    failed = memory.failure(wanted)
-    if failed is not None and memory.served is not None:
-        # The fleet stays on what it served; canary replicas left on the failed settings return.
-        profile, settings = memory.served
-        back = dataclasses.replace(plan, profile=profile, settings=settings)
-        return Passed(await rollouts.roll_out(replicas, survey, back, fleet, gates))
-    straight = (
-        context.canary is None
-        or context.emergency
-        or memory.served is None
-        or wanted in memory.proven
-    )
-    if straight:
-        return Passed(await _everywhere(replicas, survey, plan, fleet, gates, memory))
-    return await _canary(replicas, survey, plan, fleet, gates, memory, context, wanted)
+    return await _Pass(replicas, survey, plan, fleet, gates, memory, context).run()
 
 
-async def _everywhere(
-    replicas: Sequence[Replica],
-    survey: rollouts.Survey,
-    plan: rollouts.Plan,
-    fleet: rollouts.Fleet,
-    gates: rollouts.Gates,
-    memory: CanaryMemory,
-) -> rollouts.Result:
-    result = await rollouts.roll_out(replicas, survey, plan, fleet, gates)
-    if result.outcomes and result.count("Updated") == len(result.outcomes):
-        memory.record_served(plan.profile, plan.settings)
-    return result
+@dataclass
+class _Pass:
+    """One pass: the rollout's own arguments, and what the canary remembers and knows."""
 
+    replicas: Sequence[Replica]
+    survey: rollouts.Survey
+    plan: rollouts.Plan
+    fleet: rollouts.Fleet
+    gates: rollouts.Gates
+    memory: CanaryMemory
+    context: Context
 
-async def _canary(
-    replicas: Sequence[Replica],
-    survey: rollouts.Survey,
-    plan: rollouts.Plan,
-    fleet: rollouts.Fleet,
-    gates: rollouts.Gates,
-    memory: CanaryMemory,
-    context: Context,
-    wanted: str,
-) -> Passed:
-    assert context.canary is not None
-    spec = context.canary
-    reachable = [replica for replica in replicas if replica.name not in survey.unreachable]
-    names = {replica.name for replica in reachable}
-    analysis = memory.analysis
-    if (
-        analysis is None
-        or analysis.settings_hash != wanted
-        or analysis.phase in ("Promoted", "RolledBack", "Inconclusive")
-        or not set(analysis.replicas) <= names
-    ):
-        chosen = tuple(sorted(names)[: spec.replicas])
-        analysis = memory.analysis = Analysis(plan.profile, wanted, chosen)
-    notes: list[Note] = []
-    if len(reachable) <= len(analysis.replicas):
-        return await _conclude(
-            replicas, survey, plan, fleet, gates, memory, context, analysis,
-            verdicts.Judgement(
-                "Inconclusive",
+    async def run(self) -> Passed:
+        memory, context = self.memory, self.context
+        wanted = rendering.settings_hash(self.plan.settings)
+        _forget_failures_of_older_specs(memory, context.generation)
+        if memory.failure(wanted) is not None and memory.served is not None:
+            # The fleet stays on what it served; canary replicas on the failed settings return.
+            return Passed(await self._back_to_served(self.replicas))
+        spec = context.canary
+        straight = spec is None or context.emergency or memory.served is None
+        if straight or wanted in memory.proven:
+            return Passed(await self._everywhere())
+        assert spec is not None
+        return await self._canary(spec, wanted)
+
+    async def _roll(
+        self, replicas: Sequence[Replica], plan: rollouts.Plan | None = None
+    ) -> rollouts.Result:
+        return await rollouts.roll_out(
+            replicas, self.survey, plan or self.plan, self.fleet, self.gates
+        )
+
+    async def _everywhere(self) -> rollouts.Result:
+        result = await self._roll(self.replicas)
+        if result.outcomes and result.count("Updated") == len(result.outcomes):
+            self.memory.record_served(self.plan.profile, self.plan.settings)
+        return result
+
+    async def _back_to_served(self, replicas: Sequence[Replica]) -> rollouts.Result:
+        assert self.memory.served is not None, "a canary runs once the fleet served something"
+        profile, settings = self.memory.served
+        return await self._roll(
+            replicas, dataclasses.replace(self.plan, profile=profile, settings=settings)
+        )
+
+    async def _canary(self, spec: specs.Canary, wanted: str) -> Passed:
+        reachable = [r for r in self.replicas if r.name not in self.survey.unreachable]
+        names = {replica.name for replica in reachable}
+        analysis = self.memory.analysis
+        if (
+            analysis is None
+            or analysis.settings_hash != wanted
+            or analysis.phase in ("Promoted", "RolledBack", "Inconclusive")
+            or not set(analysis.replicas) <= names
+        ):
+            chosen = tuple(sorted(names)[: spec.replicas])
+            analysis = self.memory.analysis = Analysis(self.plan.profile, wanted, chosen)
+        if len(reachable) <= len(analysis.replicas):
+            alone = (
                 f"no replica to compare with: {len(reachable)} answer, the canary takes "
-                f"{spec.replicas}",
-                verdicts.figures([], _limits(spec)),
-            ),
-        )  # fmt: skip
-    canaries = [replica for replica in reachable if replica.name in analysis.replicas]
-    trial = await rollouts.roll_out(canaries, survey, plan, fleet, gates)
-    if analysis.phase == "Rolling":
-        broken = [outcome for outcome in trial.outcomes if outcome.state == "Failed"]
-        if broken:
-            why = "; ".join(f"{o.replica.title}: {o.message}" for o in broken)
-            judged = verdicts.Judgement(
-                "Rollback",
-                f"the settings could not be applied: {why}",
-                verdicts.figures([], _limits(spec)),
+                f"{spec.replicas}"
             )
-            return await _conclude(
-                replicas, survey, plan, fleet, gates, memory, context, analysis, judged
-            )
-        if trial.count("Updated") < len(canaries):
-            return Passed(_with_others_waiting(trial, replicas, "the canary replicas take them"))
-        analysis.phase = "Analysing"
-        analysis.started = analysis.last_reading = context.now
-        analysis.reason = "analysing"
-        notes.append(
-            Note(
+            return await self._conclude(spec, analysis, _unjudged("Inconclusive", alone, spec))
+        canaries = [replica for replica in reachable if replica.name in analysis.replicas]
+        trial = await self._roll(canaries)
+        if analysis.phase == "Rolling":
+            broken = [outcome for outcome in trial.outcomes if outcome.state == "Failed"]
+            if broken:
+                why = "; ".join(f"{o.replica.title}: {o.message}" for o in broken)
+                refused = _unjudged("Rollback", f"the settings could not be applied: {why}", spec)
+                return await self._conclude(spec, analysis, refused)
+            if trial.count("Updated") < len(canaries):
+                return Passed(self._others_waiting(trial, "the canary replicas take them"))
+            analysis.phase = "Analysing"
+            analysis.started = analysis.last_reading = self.context.now
+            analysis.reason = "analysing"
+            started = Note(
                 "Normal",
                 "CanaryStarted",
-                f"{plan.profile} settings {wanted} on {', '.join(analysis.replicas)}: compared "
-                f"with the other {len(reachable) - len(canaries)} replicas for "
+                f"{self.plan.profile} settings {wanted} on {', '.join(analysis.replicas)}: "
+                f"compared with the other {len(reachable) - len(canaries)} replicas for "
                 f"{spec.analysis_seconds}s",
             )
+            return Passed(self._others_waiting(trial, "waiting for the canary"), (started,))
+        sample = _sample(reachable, analysis, self.context)
+        if sample is not None:
+            analysis.samples.append(sample)
+            analysis.last_reading = self.context.now
+        assert analysis.started is not None
+        judged = verdicts.judge(analysis.samples, _limits(spec), analysis.started, self.context.now)
+        analysis.figures = judged.figures
+        if judged.verdict is None:
+            return Passed(self._others_waiting(trial, "waiting for the canary"))
+        return await self._conclude(spec, analysis, judged)
+
+    async def _conclude(
+        self, spec: specs.Canary, analysis: Analysis, judged: verdicts.Judgement
+    ) -> Passed:
+        analysis.figures = judged.figures
+        analysis.verdict_time = self.context.now
+        analysis.reason = judged.reason
+        inconclusive = judged.verdict == "Inconclusive"
+        promote = judged.verdict == "Promote" or (
+            inconclusive and spec.on_inconclusive == "Promote"
         )
-        return Passed(_with_others_waiting(trial, replicas, "waiting for the canary"), tuple(notes))
-    sample = _sample(reachable, analysis, context)
-    if sample is not None:
-        analysis.samples.append(sample)
-        analysis.last_reading = context.now
-    assert analysis.started is not None
-    judged = verdicts.judge(analysis.samples, _limits(spec), analysis.started, context.now)
-    analysis.figures = judged.figures
-    if judged.verdict is None:
-        return Passed(_with_others_waiting(trial, replicas, "waiting for the canary"))
-    return await _conclude(replicas, survey, plan, fleet, gates, memory, context, analysis, judged)
-
-
-async def _conclude(
-    replicas: Sequence[Replica],
-    survey: rollouts.Survey,
-    plan: rollouts.Plan,
-    fleet: rollouts.Fleet,
-    gates: rollouts.Gates,
-    memory: CanaryMemory,
-    context: Context,
-    analysis: Analysis,
-    judged: verdicts.Judgement,
-) -> Passed:
-    assert context.canary is not None
-    analysis.figures = judged.figures
-    analysis.verdict_time = context.now
-    analysis.reason = judged.reason
-    promote = judged.verdict == "Promote" or (
-        judged.verdict == "Inconclusive" and context.canary.on_inconclusive == "Promote"
-    )
-    analysis.phase = (
-        "Inconclusive"
-        if judged.verdict == "Inconclusive"
-        else "Promoted"
-        if promote
-        else "RolledBack"
-    )
-    figures = f" ({judged.figures.describe()})" if judged.figures.canary_requests else ""
-    subject = f"{analysis.profile} settings {analysis.settings_hash}"
-    notes = []
-    if judged.verdict == "Inconclusive":
-        then = "promoted" if promote else "rolled back"
-        notes.append(
-            Note(
-                "Warning",
-                "CanaryInconclusive",
-                f"{subject}: {judged.reason}; {then}{figures}",
-                "inconclusive",
+        analysis.phase = "Inconclusive" if inconclusive else "Promoted" if promote else "RolledBack"
+        figures = f" ({judged.figures.describe()})" if judged.figures.canary_requests else ""
+        subject = f"{analysis.profile} settings {analysis.settings_hash}"
+        notes = []
+        if inconclusive:
+            then = "promoted" if promote else "rolled back"
+            message = f"{subject}: {judged.reason}; {then}{figures}"
+            notes.append(Note("Warning", "CanaryInconclusive", message, "inconclusive"))
+        if promote:
+            self.memory.prove(analysis.settings_hash)
+            if not inconclusive:
+                message = f"{subject}: promoted{figures}"
+                notes.append(Note("Normal", "CanaryPromoted", message, "promoted"))
+            return Passed(await self._everywhere(), tuple(notes))
+        self.memory.fail(
+            statuses.FailedSettings(
+                settings_hash=analysis.settings_hash,
+                profile=analysis.profile,
+                generation=self.context.generation,
+                reason=f"{judged.reason}{figures}"[:1024],
+                failed_at=self.context.now,
             )
         )
-    if promote:
-        memory.prove(analysis.settings_hash)
-        if judged.verdict == "Promote":
-            notes.append(
-                Note("Normal", "CanaryPromoted", f"{subject}: promoted{figures}", "promoted")
-            )
-        result = await _everywhere(replicas, survey, plan, fleet, gates, memory)
-        return Passed(result, tuple(notes))
-    memory.failed[analysis.settings_hash] = statuses.FailedSettings(
-        settings_hash=analysis.settings_hash,
-        profile=analysis.profile,
-        generation=context.generation,
-        reason=f"{judged.reason}{figures}"[:1024],
-        failed_at=context.now,
-    )
-    while len(memory.failed) > FAILED_REMEMBERED:
-        memory.failed.pop(next(iter(memory.failed)))
-    if judged.verdict == "Rollback":
-        notes.append(
-            Note(
-                "Warning",
-                "CanaryRolledBack",
+        if not inconclusive:
+            message = (
                 f"{subject}: rolled back: {judged.reason}{figures}; not tried again until the "
-                "spec changes",
-                "rolled_back",
+                "spec changes"
             )
-        )
-    assert memory.served is not None, "a canary runs only once the fleet served something"
-    profile, settings = memory.served
-    back = dataclasses.replace(plan, profile=profile, settings=settings)
-    return Passed(await rollouts.roll_out(replicas, survey, back, fleet, gates), tuple(notes))
+            notes.append(Note("Warning", "CanaryRolledBack", message, "rolled_back"))
+        return Passed(await self._back_to_served(self.replicas), tuple(notes))
+
+    def _others_waiting(self, trial: rollouts.Result, why: str) -> rollouts.Result:
+        """The canary replicas' outcomes, and the rest's: pending, and why."""
+        tried = {outcome.replica.name for outcome in trial.outcomes}
+        waiting = [
+            rollouts.Outcome(replica, "Pending", None, why)
+            for replica in self.replicas
+            if replica.name not in tried
+        ]
+        return dataclasses.replace(trial, outcomes=(*trial.outcomes, *waiting))
 
 
-def _with_others_waiting(
-    trial: rollouts.Result, replicas: Sequence[Replica], why: str
-) -> rollouts.Result:
-    tried = {outcome.replica.name for outcome in trial.outcomes}
-    waiting = [
-        rollouts.Outcome(replica, "Pending", None, why)
-        for replica in replicas
-        if replica.name not in tried
-    ]
-    return dataclasses.replace(trial, outcomes=(*trial.outcomes, *waiting))
+def _unjudged(verdict: verdicts.Verdict, reason: str, spec: specs.Canary) -> verdicts.Judgement:
+    """A verdict reached before any reading: nothing to show for figures."""
+    return verdicts.Judgement(verdict, reason, verdicts.figures([], _limits(spec)))
 
 
 def _forget_failures_of_older_specs(memory: CanaryMemory, generation: int | None) -> None:
