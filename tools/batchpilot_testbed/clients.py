@@ -494,12 +494,14 @@ class PodArrivals:
     def __init__(self, ips: dict[str, str], *, rate: float, seconds: float) -> None:
         self._records: list[loadgen.RequestRecord] = []
         self._lock = threading.Lock()
+        self._stopped = False
         self.started = time.monotonic()
         payload = _payload()
 
         def keep(record: loadgen.RequestRecord) -> None:
             with self._lock:
-                self._records.append(record)
+                if not self._stopped:
+                    self._records.append(record)
 
         async def run() -> None:
             await asyncio.gather(
@@ -536,7 +538,10 @@ class PodArrivals:
             return list(self._records)
 
     def stop(self, timeout: float = 30.0) -> list[loadgen.RequestRecord]:
-        """End the arrivals (those in flight are cut, and not recorded); every record so far."""
+        """End the arrivals; every request that completed before. Those in flight are cut
+        (their client closes under them) and not recorded: their failures are the stop's."""
+        with self._lock:
+            self._stopped = True
         if self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._task.cancel)
         self._thread.join(timeout)
