@@ -388,6 +388,7 @@ class Reconciler:
                 now=now,
                 emergency=decision.memory.guard is not None,
                 per_server=observed.reading.per_server,
+                engines_per_server=observed.reading.engines_per_server,
                 models=policy.target.models,
             ),
         )

@@ -14,7 +14,7 @@ from batchpilot import reconciling, telemetry
 from batchpilot.applying.replicas import Replica
 from batchpilot.policy import decisions, rendering
 from batchpilot.signals import sources
-from batchpilot_triton import scraping
+from batchpilot_triton import reports, scraping
 from builders import spec_document, utc
 
 START = utc(2026, 11, 24, 15)
@@ -26,6 +26,7 @@ class Figures:
 
     def __init__(self) -> None:
         self.per_server: dict[str, dict[str, scraping.ModelRates]] = {}
+        self.engines: dict[str, dict[str, reports.LlmReport]] = {}
 
     def serve(
         self,
@@ -34,6 +35,7 @@ class Figures:
         p95_ms: float = 20.0,
         requests: float = 60.0,
         failed: float = 0.0,
+        inter_token_p95_ms: float | None = None,
     ) -> None:
         counted = scraping.ModelCounters(
             requests_succeeded=requests - failed, requests_failed=failed
@@ -41,12 +43,34 @@ class Figures:
         self.per_server[replica.http_url] = {
             "gpu_sim": scraping.ModelRates(seconds=5.0, counted=counted, pending=0, p95_ms=p95_ms)
         }
+        if inter_token_p95_ms is not None:
+            self.engines[replica.http_url] = {"gpu_sim": engine_report(inter_token_p95_ms)}
 
     async def read(self) -> sources.Reading:
-        return sources.Reading(decisions.Signals(), per_server=copy.deepcopy(self.per_server))
+        return sources.Reading(
+            decisions.Signals(),
+            per_server=copy.deepcopy(self.per_server),
+            engines_per_server=copy.deepcopy(self.engines),
+        )
 
     async def close(self) -> None:
         pass
+
+
+def engine_report(inter_token_p95_ms: float) -> reports.LlmReport:
+    """What an LLM engine measured in a window: only the inter-token p95 matters here."""
+    return reports.LlmReport(
+        ttft_p50_ms=200.0,
+        ttft_p95_ms=400.0,
+        inter_token_p50_ms=inter_token_p95_ms / 2,
+        inter_token_p95_ms=inter_token_p95_ms,
+        first_tokens=10,
+        output_tokens_per_second=500,
+        prompt_tokens_per_second=2000,
+        running_sequences=8,
+        waiting_sequences=0,
+        kv_cache_usage=0.3,
+    )
 
 
 class World:
@@ -317,3 +341,18 @@ async def test_the_runner_pairs_each_server_with_its_sidecar_for_a_canary() -> N
         "", spec.target
     )
     assert [r.sidecar_url for r in unpaired] == [None, None], "one sidecar for two servers"
+
+
+@pytest.mark.looptime
+async def test_an_llm_canary_is_judged_by_its_engine_s_inter_token_latency() -> None:
+    world = World(maxInterTokenP95Ratio=1.3)
+    world.all_serving(inter_token_p95_ms=30.0)
+    await world.reconcile()
+    world.applies()
+    world.edit_profile("bulk", maxQueueDelayMicroseconds=80000)
+    await world.reconcile()
+    world.figures.serve(world.replicas[0], inter_token_p95_ms=48.0)  # 1.6x, p95 alike
+    for _ in range(6):
+        await world.reconcile()
+    assert world.status["canary"]["phase"] == "RolledBack"
+    assert world.status["canary"]["reason"] == ("inter-token p95 1.60x the baseline's (limit 1.3x)")

@@ -25,7 +25,7 @@ import dataclasses
 import datetime
 import json
 import statistics
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -33,7 +33,7 @@ from batchpilot.api.v1alpha1 import specs, statuses
 from batchpilot.applying import rollouts
 from batchpilot.applying.replicas import Replica
 from batchpilot.policy import rendering, verdicts
-from batchpilot_triton import scraping
+from batchpilot_triton import reports, scraping
 
 PROVEN_REMEMBERED = 16
 FAILED_REMEMBERED = 16
@@ -156,6 +156,8 @@ class Context:
     """The signal source's latest per-server figures, by the URL it reads each server at."""
     models: Collection[str]
     """The governed models (empty: every model a server serves)."""
+    engines_per_server: Mapping[str, Mapping[str, reports.LlmReport]] = field(default_factory=dict)
+    """What the LLM engines measured, by the same URLs."""
 
 
 @dataclass(frozen=True)
@@ -344,6 +346,8 @@ def _limits(spec: specs.Canary) -> verdicts.Limits:
         max_failure_rate=spec.max_failure_rate,
         max_p95_ratio=spec.max_p95_ratio,
         max_p99_ratio=spec.max_p99_ratio,
+        max_ttft_p95_ratio=spec.max_ttft_p95_ratio,
+        max_inter_token_p95_ratio=spec.max_inter_token_p95_ratio,
     )
 
 
@@ -366,36 +370,45 @@ def _sample(
 
 
 def _served(replica: Replica, context: Context, since: float) -> verdicts.Served | None:
-    per_model = _figures_of(replica, context.per_server)
-    if per_model is None:
+    """One replica's figures over its governed models; a quantile is its worst model's."""
+    key = _key_of(replica, context.per_server)
+    if key is None:
         return None
-    chosen = [
-        rates for model, rates in per_model.items() if not context.models or model in context.models
-    ]
+
+    def governed(model: str) -> bool:
+        return not context.models or model in context.models
+
+    chosen = [rates for model, rates in context.per_server[key].items() if governed(model)]
     if not chosen:
         return None
+    engines = [
+        report
+        for model, report in context.engines_per_server.get(key, {}).items()
+        if governed(model)
+    ]
     share = min(1.0, since / max(rates.seconds for rates in chosen))
-    p95s = [rates.p95_ms for rates in chosen if rates.p95_ms is not None]
-    p99s = [rates.p99_ms for rates in chosen if rates.p99_ms is not None]
+
+    def worst(values: Iterable[float | None]) -> float | None:
+        return max((value for value in values if value is not None), default=None)
+
     return verdicts.Served(
         requests=share * sum(rates.counted.requests for rates in chosen),
         failures=share * sum(rates.counted.requests_failed for rates in chosen),
-        p95_ms=max(p95s, default=None),
-        p99_ms=max(p99s, default=None),
+        p95_ms=worst(rates.p95_ms for rates in chosen),
+        p99_ms=worst(rates.p99_ms for rates in chosen),
+        ttft_p95_ms=worst(report.ttft_p95_ms for report in engines),
+        inter_token_p95_ms=worst(report.inter_token_p95_ms for report in engines),
     )
 
 
-def _figures_of(
+def _key_of(
     replica: Replica, per_server: Mapping[str, Mapping[str, scraping.ModelRates]]
-) -> Mapping[str, scraping.ModelRates] | None:
-    """A replica's figures, under the URL the source reads it at: its sidecar's, or Triton's."""
+) -> str | None:
+    """The URL the source reads a replica's figures at: its sidecar's, or Triton's."""
     keys = [f"http://{replica.endpoint}"]
     if replica.sidecar_url:
         keys.insert(0, replica.sidecar_url.rstrip("/"))
-    for key in keys:
-        if key in per_server:
-            return per_server[key]
-    return None
+    return next((key for key in keys if key in per_server), None)
 
 
 def _group(served: Sequence[verdicts.Served]) -> verdicts.Served:
@@ -410,4 +423,8 @@ def _group(served: Sequence[verdicts.Served]) -> verdicts.Served:
         failures=sum(s.failures for s in served),
         p95_ms=median([s.p95_ms for s in served if s.p95_ms is not None]),
         p99_ms=median([s.p99_ms for s in served if s.p99_ms is not None]),
+        ttft_p95_ms=median([s.ttft_p95_ms for s in served if s.ttft_p95_ms is not None]),
+        inter_token_p95_ms=median(
+            [s.inter_token_p95_ms for s in served if s.inter_token_p95_ms is not None]
+        ),
     )

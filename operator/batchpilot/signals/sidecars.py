@@ -81,7 +81,7 @@ class SidecarSource:
             *(self._status(url) for url in self._urls), return_exceptions=True
         )
         per_server: dict[str, Mapping[str, scraping.ModelRates]] = {}
-        engines: list[Mapping[str, reports.LlmReport]] = []
+        engines: dict[str, Mapping[str, reports.LlmReport]] = {}
         gpu_utilization: list[float] = []
         delays: list[int] = []
         llm_seqs: list[int] = []
@@ -97,7 +97,7 @@ class SidecarSource:
                 problems.append(f"sidecar {url}: its Triton readings are stale; left out")
                 continue
             per_server[url] = status.rates()
-            engines.append(status.llm_reports())
+            engines[url] = status.llm_reports()
             gpu_utilization.extend(status.gpu_utilization())
             delays.extend(status.recommended_delays(self._models))
             seqs, tokens = status.recommended_llm_limits(self._models)
@@ -107,7 +107,7 @@ class SidecarSource:
             per_server.values(),
             models=self._models,
             gpu_utilization=gpu_utilization,
-            engines=engines,
+            engines=engines.values(),
         )
         recommended = {
             decisions.RECOMMENDED_QUEUE_DELAY: min(delays, default=None),
@@ -117,7 +117,12 @@ class SidecarSource:
         given = {name: float(value) for name, value in recommended.items() if value is not None}
         if given:
             signals = decisions.Signals(metrics={**signals.metrics, **given})
-        return sources.Reading(signals=signals, per_server=per_server, problems=tuple(problems))
+        return sources.Reading(
+            signals=signals,
+            per_server=per_server,
+            engines_per_server=engines,
+            problems=tuple(problems),
+        )
 
     async def close(self) -> None:
         if self._session is not None:

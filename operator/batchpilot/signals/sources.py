@@ -11,7 +11,7 @@ from typing import Protocol
 
 from batchpilot.policy import decisions
 from batchpilot.signals import aggregating
-from batchpilot_triton import responses, scraping, servers
+from batchpilot_triton import reports, responses, scraping, servers
 
 
 @dataclass(frozen=True)
@@ -20,6 +20,9 @@ class Reading:
 
     signals: decisions.Signals
     per_server: Mapping[str, Mapping[str, scraping.ModelRates]] = field(default_factory=dict)
+    engines_per_server: Mapping[str, Mapping[str, reports.LlmReport]] = field(default_factory=dict)
+    """What the LLM engines behind each server's models measured (TTFT, inter-token latency),
+    by the same URLs as `per_server`."""
     problems: tuple[str, ...] = ()
 
 
@@ -72,13 +75,19 @@ class TritonMetricsSource:
             self._previous[server.url] = snapshot
             if previous is not None:
                 per_server[server.url] = scraping.rates(previous, snapshot)
+        engines = {url: aggregating.engine_reports(rates) for url, rates in per_server.items()}
         signals = aggregating.signals_from_rates(
             per_server.values(),
             models=self._models,
             gpu_utilization=gpu_utilization,
-            engines=[aggregating.engine_reports(per_model) for per_model in per_server.values()],
+            engines=engines.values(),
         )
-        return Reading(signals=signals, per_server=per_server, problems=tuple(problems))
+        return Reading(
+            signals=signals,
+            per_server=per_server,
+            engines_per_server=engines,
+            problems=tuple(problems),
+        )
 
     async def close(self) -> None:
         """The servers belong to the caller, which closes them."""

@@ -647,6 +647,12 @@ class Canary(Model):
     slow second does not decide) above which it is rolled back."""
     max_p99_ratio: Annotated[float, Field(ge=1.0, le=100.0)] | None = None
     """The same for the p99; not judged when absent."""
+    max_ttft_p95_ratio: Annotated[float, Field(ge=1.0, le=100.0)] | None = None
+    """For models behind an LLM engine: the same for the p95 time to first token, as the
+    engine measures it; not judged when absent."""
+    max_inter_token_p95_ratio: Annotated[float, Field(ge=1.0, le=100.0)] | None = None
+    """For models behind an LLM engine: the same for the p95 time between tokens; not judged
+    when absent."""
     on_inconclusive: CanaryFallback = "Promote"
     """What happens when the window ends with too little to judge, or when there is no other
     replica to compare with: Promote (roll out to the rest) or Rollback."""
