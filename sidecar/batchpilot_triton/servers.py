@@ -142,14 +142,16 @@ class TritonServer:
         await self.close()
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        # Taken out first: a caller that asks for a session meanwhile gets a new one.
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
 
     def _client(self) -> aiohttp.ClientSession:
         # Created lazily: aiohttp sessions belong to the running event loop. The load timeout
-        # is a backstop; each call's own deadline (`_call`) is what ends it.
-        if self._session is None:
+        # is a backstop; each call's own deadline (`_call`) is what ends it. A server closed
+        # while a caller still holds it opens a new session for that caller's next call.
+        if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=4),
                 timeout=aiohttp.ClientTimeout(total=self.load_timeout),
@@ -331,10 +333,9 @@ class TritonServer:
 
     async def metrics_text(self) -> str:
         """Triton's Prometheus metrics page."""
-        session = self._client()
 
         async def fetch() -> str:
-            async with session.get(self.metrics_url) as response:
+            async with self._client().get(self.metrics_url) as response:
                 response.raise_for_status()
                 page = await responses.read_capped(response, responses.METRICS_PAGE_BYTES)
                 return page.decode(response.get_encoding(), errors="replace")

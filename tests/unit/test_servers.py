@@ -110,3 +110,16 @@ async def test_a_load_with_files_that_triton_refuses_is_rejected_with_its_reason
     async with quick(await serve(scripted)) as triton:
         with pytest.raises(servers.LoadRejected, match="bad engine args"):
             await triton.load("tiny_llm", {"backend": "vllm"}, files={"file:1/model.json": b"{}"})
+
+
+@pytest.mark.timeout(10)
+async def test_a_server_closed_under_a_caller_answers_its_next_call(serve: Serve) -> None:
+    """A caller that still holds a closed server (a runner's last tick after its owner closed
+    it) gets a fresh session, not aiohttp's 'Session is closed'."""
+    scripted = Scripted(load_seconds=0.0)
+    triton = quick(await serve(scripted))
+    await triton.load("gpu_sim")
+    # The close has begun (its session says closed) when the load asks for one.
+    await asyncio.gather(triton.close(), triton.load("gpu_sim"))
+    await triton.close()
+    assert len(scripted.load_requests) == 2

@@ -293,8 +293,8 @@ async def _drive(
     runner_task = asyncio.create_task(
         runner.run(interval=TICK_SECONDS, stop=stop, on_tick=view.tick)
     )
-    try:
-        async with server, aiohttp.ClientSession() as session:
+    async with server, aiohttp.ClientSession() as session:
+        try:
             payload = await loadgen.payload_from_metadata(session, triton.http_url, model)
             result = await loadgen.run_load(
                 base_url=triton.http_url,
@@ -304,9 +304,10 @@ async def _drive(
                 session=session,
                 on_record=view.record,
             )
-    finally:
-        stop.set()
-        await runner_task
+        finally:
+            # The runner's last tick may still be reading the server: end it first.
+            stop.set()
+            await runner_task
     out.write(_summary(view, result) + "\n")
     applied = {profile for _, profile, _ in view.timeline.switches}
     return 0 if applied >= set(spec.profiles) else 1
