@@ -356,3 +356,20 @@ async def test_an_llm_canary_is_judged_by_its_engine_s_inter_token_latency() -> 
         await world.reconcile()
     assert world.status["canary"]["phase"] == "RolledBack"
     assert world.status["canary"]["reason"] == ("inter-token p95 1.60x the baseline's (limit 1.3x)")
+
+
+@pytest.mark.looptime
+async def test_settings_too_long_for_the_status_are_kept_in_memory_only() -> None:
+    """A profile with many priority levels renders to more JSON than status.settings.served
+    holds: the status leaves it out (the API server would refuse it), the canary still runs."""
+    levels = [{"priorityLevel": level, "maxQueueSize": 10} for level in range(1, 201)]
+    world = World()
+    world.spec = copy.deepcopy(world.spec)
+    bulk = world.spec["profiles"]["bulk"]
+    bulk.update(priorityLevels=200, defaultPriorityLevel=1, priorityQueuePolicy=levels)
+    await started_on_bulk(world)
+    assert world.status["settings"]["servedHash"]
+    assert not world.status["settings"]["served"], "too long for the status"
+    world.edit_profile("bulk", maxQueueDelayMicroseconds=80000)
+    await world.reconcile()
+    assert world.applies() == ["triton-0"], "what the fleet served is still known in memory"

@@ -37,6 +37,8 @@ from batchpilot_triton import reports, scraping
 
 PROVEN_REMEMBERED = 16
 FAILED_REMEMBERED = 16
+SERVED_DOCUMENT_CHARS = 16_384
+"""The most of the served settings' JSON the status keeps (status.settings.served's bound)."""
 
 EventType = Literal["Normal", "Warning"]
 VerdictLabel = Literal["promoted", "rolled_back", "inconclusive"]
@@ -81,12 +83,36 @@ class Analysis:
         )
 
 
+@dataclass(frozen=True)
+class ServedSettings:
+    """The profile and settings the whole fleet last served, with what the status keeps of
+    them, computed once when they are recorded rather than on every pass."""
+
+    profile: str
+    settings: rendering.Settings
+    settings_hash: str
+    document: str
+    """The settings as JSON; empty when longer than SERVED_DOCUMENT_CHARS (a profile with
+    many priority levels): kept in memory only, so a restarted operator learns them again from
+    its next full rollout instead of writing a status the API server refuses."""
+
+    @classmethod
+    def of(cls, profile: str, settings: rendering.Settings, settings_hash: str) -> ServedSettings:
+        document = json.dumps(rendering.settings_document(settings), sort_keys=True)
+        return cls(
+            profile,
+            settings,
+            settings_hash,
+            document if len(document) <= SERVED_DOCUMENT_CHARS else "",
+        )
+
+
 @dataclass
 class CanaryMemory:
     """What the canary keeps of a policy between passes."""
 
-    served: tuple[str, rendering.Settings] | None = None
-    """The profile and settings the whole fleet last served."""
+    served: ServedSettings | None = None
+    """What the whole fleet last served."""
     proven: list[str] = field(default_factory=list)
     failed: dict[str, statuses.FailedSettings] = field(default_factory=dict)
     analysis: Analysis | None = None
@@ -107,20 +133,17 @@ class CanaryMemory:
                 settings = rendering.from_document(json.loads(history.served))
             except (ValueError, KeyError, TypeError):
                 return  # not ours to trust: the next full rollout records it again
-            self.served = (history.served_profile, settings)
+            settings_hash = rendering.settings_hash(settings)
+            self.served = ServedSettings.of(history.served_profile, settings, settings_hash)
 
     def history(self) -> statuses.SettingsHistory | None:
         if self.served is None and not self.proven and not self.failed:
             return None
-        profile, settings = self.served if self.served else (None, None)
+        served = self.served
         return statuses.SettingsHistory(
-            served_profile=profile,
-            served_hash=rendering.settings_hash(settings) if settings else None,
-            served=(
-                json.dumps(rendering.settings_document(settings), sort_keys=True)
-                if settings
-                else ""
-            ),
+            served_profile=served.profile if served else None,
+            served_hash=served.settings_hash if served else None,
+            served=served.document if served else "",
             proven=self.proven[-PROVEN_REMEMBERED:],
             failed=list(self.failed.values())[-FAILED_REMEMBERED:],
         )
@@ -130,9 +153,11 @@ class CanaryMemory:
             self.proven.remove(settings_hash)
         self.proven = [*self.proven, settings_hash][-PROVEN_REMEMBERED:]
 
-    def record_served(self, profile: str, settings: rendering.Settings) -> None:
-        self.served = (profile, settings)
-        self.prove(rendering.settings_hash(settings))
+    def record_served(self, profile: str, settings: rendering.Settings, settings_hash: str) -> None:
+        served = self.served
+        if served is None or (served.profile, served.settings_hash) != (profile, settings_hash):
+            self.served = ServedSettings.of(profile, settings, settings_hash)
+        self.prove(settings_hash)
 
     def failure(self, settings_hash: str) -> statuses.FailedSettings | None:
         return self.failed.get(settings_hash)
@@ -177,7 +202,8 @@ async def roll_out(
     context: Context,
 ) -> Passed:
     """One pass of the rollout of `plan`, through a canary where its settings are new."""
-    return await _Pass(replicas, survey, plan, fleet, gates, memory, context).run()
+    wanted = rendering.settings_hash(plan.settings)
+    return await _Pass(replicas, survey, plan, wanted, fleet, gates, memory, context).run()
 
 
 @dataclass
@@ -187,6 +213,8 @@ class _Pass:
     replicas: Sequence[Replica]
     survey: rollouts.Survey
     plan: rollouts.Plan
+    wanted: str
+    """The hash of the plan's settings."""
     fleet: rollouts.Fleet
     gates: rollouts.Gates
     memory: CanaryMemory
@@ -194,7 +222,7 @@ class _Pass:
 
     async def run(self) -> Passed:
         memory, context = self.memory, self.context
-        wanted = rendering.settings_hash(self.plan.settings)
+        wanted = self.wanted
         _forget_failures_of_older_specs(memory, context.generation)
         if memory.failure(wanted) is not None and memory.served is not None:
             # The fleet stays on what it served; canary replicas on the failed settings return.
@@ -216,14 +244,15 @@ class _Pass:
     async def _everywhere(self) -> rollouts.Result:
         result = await self._roll(self.replicas)
         if result.outcomes and result.count("Updated") == len(result.outcomes):
-            self.memory.record_served(self.plan.profile, self.plan.settings)
+            self.memory.record_served(self.plan.profile, self.plan.settings, self.wanted)
         return result
 
     async def _back_to_served(self, replicas: Sequence[Replica]) -> rollouts.Result:
         assert self.memory.served is not None, "a canary runs once the fleet served something"
-        profile, settings = self.memory.served
+        served = self.memory.served
         return await self._roll(
-            replicas, dataclasses.replace(self.plan, profile=profile, settings=settings)
+            replicas,
+            dataclasses.replace(self.plan, profile=served.profile, settings=served.settings),
         )
 
     async def _canary(self, spec: specs.Canary, wanted: str) -> Passed:
