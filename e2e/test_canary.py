@@ -32,7 +32,7 @@ def canary_in(
     """A check for the policy's canary in `phase`, of settings other than `not_of`'s hash."""
 
     def check() -> dict[str, Any] | None:
-        canary = operators.policy_status(kube, namespace, "fleet").get("canary") or {}
+        canary = operators.canary_status(kube, namespace, "fleet")
         fresh = not_of is None or canary.get("settingsHash") != not_of
         return canary if canary.get("phase") == phase and fresh else None
 

@@ -159,11 +159,6 @@ def with_bulk(document: dict[str, Any], settings: dict[str, Any]) -> dict[str, A
     return edited
 
 
-def canary_of(kube: Kube, namespace: str) -> dict[str, Any]:
-    canary: dict[str, Any] = operators.policy_status(kube, namespace, "fleet").get("canary") or {}
-    return canary
-
-
 def run_trial(
     kube: Kube,
     namespace: str,
@@ -173,14 +168,14 @@ def run_trial(
     change: str,
     the_plan: Plan,
 ) -> Trial:
-    before = canary_of(kube, namespace).get("settingsHash")
+    before = operators.canary_status(kube, namespace, "fleet").get("settingsHash")
     settings = CHANGES[change]
     edited_at = load.now()
     edited_clock = time.monotonic()
     operators.apply_policy(kube, namespace, with_bulk(document, settings))
 
     def decided() -> dict[str, Any] | None:
-        canary = canary_of(kube, namespace)
+        canary = operators.canary_status(kube, namespace, "fleet")
         fresh = canary.get("settingsHash") not in (None, before)
         done = canary.get("phase") in ("Promoted", "RolledBack", "Inconclusive")
         return canary if fresh and done else None

@@ -170,6 +170,12 @@ def policy_status(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
     return status
 
 
+def canary_status(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
+    """The policy's latest canary (status.canary), or {} before its first."""
+    canary: dict[str, Any] = policy_status(kube, namespace, name).get("canary") or {}
+    return canary
+
+
 def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
     for item in status.get("conditions") or []:
         if item.get("type") == kind:
