@@ -84,6 +84,11 @@ class PolicyMemory:
         default_factory=lambda: collections.deque(maxlen=WAVES_REMEMBERED)
     )
     """How long one wave took in the policy's recent rollouts."""
+    recent_rollouts: collections.deque[tuple[leads.Wave, frozenset[str]]] = field(
+        default_factory=lambda: collections.deque(maxlen=WAVES_REMEMBERED)
+    )
+    """The policy's recent rollouts, and the hosts they reloaded on: which other rollouts ran
+    beside them (`leads.Contention`)."""
     vouched: dict[str, str] = field(default_factory=dict)
     """Per gated Pod, the run of its serving container last seen serving the profile with its
     gate open: a different run has Triton's repository configuration (`rollouts.mark_restarted`).
@@ -120,14 +125,35 @@ class PolicyMemory:
             self.wave_seconds.append(previous.measured_wave_seconds)
         self.canary.resume(previous)
 
-    def remember_rollout(self, result: rollouts.Result, max_unavailable: int) -> None:
+    def contended_wave_seconds(self, contention: leads.Contention) -> float | None:
+        """The longest wave of the rollouts that ran beside this policy's on its hosts."""
+        found = [contention.busiest(hosts, [wave]) for wave, hosts in self.recent_rollouts]
+        return max((seconds for seconds in found if seconds is not None), default=None)
+
+    def planned_wave_seconds(self, contention: leads.Contention) -> float | None:
+        """The wave leadTime auto plans for: the longest of its own and those beside them."""
+        measured = [self.measured_wave_seconds, self.contended_wave_seconds(contention)]
+        return max((seconds for seconds in measured if seconds is not None), default=None)
+
+    def remember_rollout(
+        self,
+        result: rollouts.Result,
+        max_unavailable: int,
+        *,
+        ended: datetime.datetime,
+        contention: leads.Contention,
+    ) -> None:
         self.vouched = rollouts.vouched_after(result, self.vouched)
-        switched = sum(outcome.reloads > 0 for outcome in result.outcomes)
+        switched = [outcome.replica.host for outcome in result.outcomes if outcome.reloads > 0]
         seconds = leads.wave_seconds(
-            result.seconds, switched=switched, max_unavailable=max_unavailable
+            result.seconds, switched=len(switched), max_unavailable=max_unavailable
         )
-        if seconds is not None and not result.halted:
-            self.wave_seconds.append(seconds)
+        if seconds is None or result.halted:
+            return
+        self.wave_seconds.append(seconds)
+        wave = leads.Wave(ended - datetime.timedelta(seconds=result.seconds), ended, seconds)
+        self.recent_rollouts.append((wave, frozenset(switched)))
+        contention.record(switched, wave)
 
     async def close_source(self) -> None:
         if self.source is not None:
@@ -203,6 +229,8 @@ class Reconciler:
         self.governors = governors
         """None: one policy governs every replica it is given (the runner's)."""
         self.credentials = credential_source or _no_credentials()
+        self.contention = leads.Contention()
+        """Every policy's recent waves by host, so each plans for the busiest it ran beside."""
 
     async def forget_policy(self, namespace: str, name: str) -> None:
         """The policy is gone (or this replica no longer governs it): its series leave the
@@ -270,7 +298,12 @@ class Reconciler:
         )
         result = passed.result if passed else None
         if result is not None:
-            state.remember_rollout(result, policy.rollout.max_unavailable)
+            state.remember_rollout(
+                result,
+                policy.rollout.max_unavailable,
+                ended=self.clock(),
+                contention=self.contention,
+            )
 
         found = dataclasses.replace(
             found,
@@ -283,7 +316,7 @@ class Reconciler:
             contested=observed.contested,
             result=result,
             lead=observed.lead,
-            measured_wave_seconds=state.measured_wave_seconds,
+            measured_wave_seconds=state.planned_wave_seconds(self.contention),
             credential_problem=observed.credential_problem,
             canary=state.canary.analysis.status() if state.canary.analysis else None,
             settings_history=state.canary.history(),
@@ -329,7 +362,10 @@ class Reconciler:
             surveyed, self._signals(namespace, policy, replicas, state)
         )
         lead = leads.lead_for(
-            policy, replicas=len(replicas), wave_seconds=state.measured_wave_seconds
+            policy,
+            replicas=len(replicas),
+            wave_seconds=state.measured_wave_seconds,
+            contended_wave_seconds=state.contended_wave_seconds(self.contention),
         )
         return _Observed(replicas, skipped, contested, survey, reading, lead, problem)
 

@@ -19,7 +19,14 @@ from batchpilot.policy import rendering
 from batchpilot_triton import modelconfigs, repositories, servers
 
 
-def target(name: str, *, gated: bool = False, gate: str | None = None, ip: str = "") -> Replica:
+def target(
+    name: str,
+    *,
+    gated: bool = False,
+    gate: str | None = None,
+    ip: str = "",
+    node: str | None = None,
+) -> Replica:
     """A Pod's replica, as the operator finds it."""
     number = int(name.rsplit("-", 1)[-1]) if name[-1].isdigit() else 0
     return Replica(
@@ -28,6 +35,7 @@ def target(name: str, *, gated: bool = False, gate: str | None = None, ip: str =
         gated=gated,
         gate=gate,
         kind="pod",
+        node=node,
     )
 
 
@@ -47,6 +55,8 @@ class FakeServer:
     settings: rendering.Settings | None = None
     """The settings it was last given (None: whatever its profile's were, for a server a test
     starts on a profile)."""
+    apply_seconds: float | None = None
+    """How long a reload takes on it (None: the fleet's `apply_seconds`)."""
 
 
 class FakeFleet:
@@ -110,11 +120,12 @@ class FakeFleet:
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         try:
-            await asyncio.sleep(self.apply_seconds)
+            seconds = self.apply_seconds if server.apply_seconds is None else server.apply_seconds
+            await asyncio.sleep(seconds)
             if server.fail_with is not None:
                 raise server.fail_with
             previous, server.profile, server.settings = server.profile, profile, settings
-            return actuators.Applied(model, profile, previous, True, self.apply_seconds)
+            return actuators.Applied(model, profile, previous, True, seconds)
         finally:
             self.in_flight -= 1
 

@@ -127,3 +127,50 @@ def documents_accept(document: dict[str, object]) -> bool:
     except documents.PolicyError:
         return False
     return True
+
+
+def wave(start: int, end: int, seconds: float) -> leads.Wave:
+    at = datetime.datetime(2026, 11, 24, 14, 0, tzinfo=datetime.UTC)
+    return leads.Wave(
+        at + datetime.timedelta(seconds=start), at + datetime.timedelta(seconds=end), seconds
+    )
+
+
+def test_contention_is_the_longest_wave_beside_one_of_ours_on_our_nodes() -> None:
+    contention = leads.Contention()
+    ours = wave(0, 4, 4.0)
+    contention.record(["node-a"], ours)
+    contention.record(["node-a", "node-b"], wave(1, 10, 9.0))
+    contention.record(["node-b"], wave(0, 30, 30.0))
+    contention.record(["node-a"], wave(60, 90, 30.0))
+    assert contention.busiest(["node-a"], [ours]) == 9.0
+    assert contention.busiest(["node-c"], [ours]) is None
+    assert contention.busiest(["node-a"], []) is None
+
+
+def test_contention_forgets_a_node_quiet_for_a_week() -> None:
+    contention = leads.Contention(per_node=2)
+    contention.record(["old"], wave(0, 5, 5.0))
+    later = wave(0, 5, 5.0)
+    later = leads.Wave(
+        later.started + leads.NODE_HORIZON * 2, later.ended + leads.NODE_HORIZON * 2, 1.0
+    )
+    contention.record(["new"], later)
+    assert contention.busiest(["old"], [wave(0, 5, 5.0)]) is None
+    for _ in range(5):
+        contention.record(["new"], later)
+    assert len(contention._waves["new"]) == 2
+
+
+def test_a_contended_wave_longer_than_its_own_sets_the_lead_and_says_so() -> None:
+    spec = make_spec(schedule=market_hours(leadTime="30s"))
+    lead = leads.lead_for(spec, replicas=2, wave_seconds=2.0, contended_wave_seconds=9.0)
+    assert (lead.wave_seconds, lead.measured, lead.contended) == (9.0, True, True)
+    assert (
+        lead.describe()
+        == "2 waves of 9.0s (measured beside other rollouts on its nodes), about 18s"
+    )
+    shorter = leads.lead_for(spec, replicas=2, wave_seconds=2.0, contended_wave_seconds=1.0)
+    assert (shorter.wave_seconds, shorter.contended) == (2.0, False)
+    unmeasured = leads.lead_for(spec, replicas=2, wave_seconds=None, contended_wave_seconds=3.0)
+    assert (unmeasured.wave_seconds, unmeasured.measured) == (3.0, True)

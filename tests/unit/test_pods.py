@@ -80,6 +80,7 @@ def test_the_index_keeps_what_batchpilot_reads_of_a_pod_and_drops_the_rest() -> 
     full["metadata"].update(labels={"app": "triton"}, managedFields=[{"manager": "kubelet"}])
     full["spec"]["containers"][0].update(image="triton:24.08", env=[{"name": "A", "value": "b"}])
     full["spec"]["volumes"] = [{"name": "models", "emptyDir": {}}]
+    full["spec"]["nodeName"] = "node-a"
     full["status"]["hostIP"] = "10.0.0.1"
     kept = pods.snapshot(full)
     assert kept["metadata"] == {"name": "g", "uid": "uid-g", "labels": {"app": "triton"}}
@@ -89,7 +90,8 @@ def test_the_index_keeps_what_batchpilot_reads_of_a_pod_and_drops_the_rest() -> 
     }
     assert "volumes" not in kept["spec"]
     assert "hostIP" not in kept["status"]
-    # Everything a replica is made of survives the trim.
+    # Everything a replica is made of survives the trim, its node (what its reloads share) too.
+    assert pods.replicas_from_pods([kept], target_spec(port="http"))[0][0].host == "node-a"
     assert pods.replicas_from_pods([kept], target_spec(port="http")) == pods.replicas_from_pods(
         [full], target_spec(port="http")
     )

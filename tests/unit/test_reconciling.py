@@ -398,6 +398,65 @@ async def test_a_measured_rollout_sets_the_auto_lead_and_survives_a_restart() ->
     assert again.status["leadTimeSeconds"] == pytest.approx(2 * 3.0 * 1.25 + 2, abs=0.3)
 
 
+class PodsByNamespace:
+    """Each namespace's policy finds its own Pods."""
+
+    def __init__(self, found: dict[str, list[Replica]]) -> None:
+        self.found = found
+
+    async def replicas(
+        self, namespace: str, target: specs.Target
+    ) -> tuple[list[Replica], list[str]]:
+        return list(self.found[namespace]), []
+
+
+@pytest.mark.looptime
+async def test_an_auto_lead_plans_for_the_slowest_rollout_that_ran_beside_its_own_on_its_node() -> (
+    None
+):
+    # At a shared boundary reloads share the node: one policy's wave measured as the first to
+    # finish says little of the wave it meets when the whole node switches together.
+    fast, slow, elsewhere = (
+        target("triton-0", node="node-a"),
+        target("triton-1", node="node-a"),
+        target("triton-2", node="node-b"),
+    )
+    fleet = FakeFleet(
+        {
+            fast.http_url: FakeServer(apply_seconds=2.0),
+            slow.http_url: FakeServer(apply_seconds=9.0),
+            elsewhere.http_url: FakeServer(apply_seconds=20.0),
+        }
+    )
+    subject = reconciler([], fleet)
+    subject.replica_source = PodsByNamespace({"a": [fast], "b": [slow], "c": [elsewhere]})
+    subject.clock = Clock(ny(2026, 11, 24, 9, 0))
+    spec = spec_document(schedule=market_hours())
+    states = {namespace: reconciling.PolicyMemory() for namespace in "abc"}
+
+    async def one(namespace: str) -> reconciling.Reconciled:
+        return await subject.reconcile(
+            namespace=namespace,
+            name="fleet",
+            spec=spec,
+            status={},
+            generation=1,
+            state=states[namespace],
+        )
+
+    await asyncio.gather(*(one(namespace) for namespace in "abc"))
+    assert states["a"].measured_wave_seconds == pytest.approx(2.0, abs=0.1)
+    again = await one("a")
+    assert again.status["measuredWaveSeconds"] == pytest.approx(9.0, abs=0.1), "not node-b's 20 s"
+    assert again.status["leadTimeSeconds"] == pytest.approx(9.0 * 1.25 + 2, abs=0.3)
+    # A rollout on the node that did not overlap any of its own teaches it nothing.
+    await asyncio.sleep(60)
+    fleet.servers[slow.http_url].apply_seconds = 30.0
+    states["b"] = reconciling.PolicyMemory()
+    await one("b")
+    assert (await one("a")).status["measuredWaveSeconds"] == pytest.approx(9.0, abs=0.1)
+
+
 class Clock:
     """The policy's clock, moving with the event loop's (fake) time."""
 

@@ -46,11 +46,19 @@ class Replica:
     """Why an open gate no longer vouches for the Pod's configuration: the container serving
     Triton restarted (or stopped) since batchpilot last saw it serve the profile with the gate
     open, so Triton came back with its repository's configuration. None when it has not."""
+    node: str | None = None
+    """The node the Pod runs on; None for the runner's servers."""
 
     @property
     def title(self) -> str:
         """How messages name it, e.g. `pod triton-0`."""
         return f"{self.kind} {self.name}"
+
+    @property
+    def host(self) -> str:
+        """Where its server runs, the node or else the server's host: reloads on one host
+        share its cores and GPUs."""
+        return self.node or servers.host_port(self.http_url).rpartition(":")[0]
 
     @property
     def endpoint(self) -> str:

@@ -50,6 +50,7 @@ def snapshot(pod: Mapping[str, Any]) -> dict[str, Any]:
                 for container in spec.get("containers") or []
             ],
             "readinessGates": spec.get("readinessGates") or [],
+            **({"nodeName": spec["nodeName"]} if spec.get("nodeName") else {}),
         },
         "status": {
             key: status[key]
@@ -147,6 +148,7 @@ def replicas_from_pods(
                 kind="pod",
                 labels=tuple(sorted((metadata.get("labels") or {}).items())),
                 serving=serving_container(pod, http_port),
+                node=pod["spec"].get("nodeName"),
             )
         )
     return sorted(found, key=lambda t: t.name), skipped

@@ -157,8 +157,9 @@ class BatchPolicyStatus(Model):
     lead_time_seconds: float | None = None
     """The lead time in force, in seconds (schedule.leadTime, with auto resolved)."""
     measured_wave_seconds: float | None = None
-    """How long one wave of a rollout took, the longest of the policy's recent rollouts:
-    what leadTime auto is computed from."""
+    """How long one wave of a rollout takes, as leadTime auto plans for it: the longest of the
+    policy's recent waves and of the waves of other rollouts that ran beside them on the same
+    nodes (simultaneous reloads share a node's cores and GPUs)."""
     targets: TargetCounts = TargetCounts()
     """Counts of governed servers by state."""
     target_details: list[TargetStatus] = Field(default_factory=list, max_length=64)
