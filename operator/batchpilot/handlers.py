@@ -58,7 +58,7 @@ async def close(*, memo: Any, **_: Any) -> None:
     exporter = memo.get("exporter")
     if exporter is not None:
         await exporter.cleanup()
-    await controller_of(memo).reconciler.fleet.close()
+    await controller_of(memo).close()
 
 
 # The index and event handlers are coroutines though they do no I/O: kopf runs plain functions in

@@ -125,6 +125,13 @@ class Controller:
     """kopf's index of every policy by namespace (`handlers.governors_by_namespace`), live."""
     pods: kube_pods.Pods | None = None
     """The reader of every policy's Pods, fed by kopf's index of Pods (`attach_pods`)."""
+    kube: client.KubeClient | None = None
+    """The client of the operator's own requests, closed with it."""
+
+    async def close(self) -> None:
+        await self.reconciler.fleet.close()
+        if self.kube is not None:
+            self.kube.close()
 
     def attach_pods(self, index: kube_pods.PodIndex) -> None:
         """Hand kopf's live index of Pods to the reader; kopf fills it before any handler."""
@@ -318,6 +325,7 @@ def build_controller(options: Options) -> Controller:
         events=events.Events(kube),
         metrics=metrics,
         pods=pods,
+        kube=kube,
     )
     reconciler.governors = controller.governors
     return controller

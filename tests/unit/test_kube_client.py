@@ -3,6 +3,7 @@ Events posted as news (a failure is logged, never raised)."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import threading
 from typing import Any
@@ -34,6 +35,29 @@ async def test_a_call_that_never_answers_ends_the_wait_at_its_deadline() -> None
     assert seen == {"name": "triton-0", "_request_timeout": 0.05}
     assert raised.value.status is None
     assert str(raised.value) == "setting a gate: no answer in time"
+
+
+async def test_calls_that_hang_hold_the_clients_threads_never_the_loops() -> None:
+    release = threading.Event()
+    kube = client.KubeClient(kubernetes.client.ApiClient(), timeout=0.05, workers=2)
+
+    def hangs(**_: Any) -> None:
+        release.wait(30)
+
+    try:
+        for _ in range(3):
+            with pytest.raises(client.KubeError):
+                await kube.call("reading a Secret", hangs)
+        # Both of its threads hang: the default pool (name resolution) still answers, and
+        # another call waits its deadline in the queue rather than starting a third thread.
+        assert await asyncio.to_thread(lambda: "resolved") == "resolved"
+        started = threading.active_count()
+        with pytest.raises(client.KubeError):
+            await kube.call("reading a Secret", hangs)
+        assert threading.active_count() == started
+    finally:
+        release.set()
+        kube.close()
 
 
 async def test_an_answer_in_time_is_returned() -> None:
