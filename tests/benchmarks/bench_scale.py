@@ -25,8 +25,19 @@ minute boundary a little ahead. Measured from the operator's /proc entries and i
   profile at or before the boundary; at 0s the bound is one timer interval plus one replica wave
   (each live policy has one Pod), the wave being a reload measured alone first.
 
+To reach `--targets` Pods selected by the policies (2,000 by default) beside the R live ones, it
+creates Pods that never start: the same Triton Pod with a scheduling gate, so no node runs it and
+it never gets an IP. The operator watches, indexes and selects them on every pass, as it would a
+large fleet's, but no Triton stands behind them, so they add no reload and no Triton read: they
+measure the watch, the index and selection at that size, not the apply path (no mock server may
+stand in for Triton, and no traffic may go to an address the run did not make).
+
 It also reports how much memory each real tritonserver took (MemAvailable before and after
 starting them), and how many the machine's memory would hold.
+
+The full mode reloads gpu_sim with one instance on each server first (`--instances`): each
+instance is a Python backend process a reload restarts, and 32 servers restarting four each at
+once on 2 cores took over a minute a reload.
 
     python tests/benchmarks/bench_scale.py             # 32 Tritons, 50, 200 and 500 policies
     python tests/benchmarks/bench_scale.py --short     # CI: 2 Tritons, 10 policies
@@ -80,12 +91,25 @@ class Plan:
     at once beside hundreds of dryRun policies' reads took over a minute)."""
     lead_time: str = "auto"
     """The policies' schedule.leadTime."""
+    targets: int = 0
+    """Pods the policies select, the live ones and scheduling-gated ones that never start."""
+    instances: int | None = None
+    """gpu_sim's instances on each server (None: its repository's 4). Each instance is a Python
+    backend process that a reload restarts: on 2 cores, 32 servers reloading 4 each at once
+    took 53-66 s a reload."""
 
 
 def plan(*, short: bool) -> Plan:
     if short:
-        return Plan(servers=2, namespaces=1, policy_counts=(10,), ahead_seconds=30.0)
-    return Plan(servers=32, namespaces=4, policy_counts=(50, 200, 500), ahead_seconds=150.0)
+        return Plan(servers=2, namespaces=1, policy_counts=(10,), ahead_seconds=30.0, targets=20)
+    return Plan(
+        servers=32,
+        namespaces=4,
+        policy_counts=(50, 200, 500),
+        ahead_seconds=150.0,
+        targets=2000,
+        instances=1,
+    )
 
 
 # -- the operator process, seen from its /metrics ----------------------------------------------
@@ -160,6 +184,45 @@ def start_servers(kube: Kube, namespaces: Sequence[str], count: int) -> list[Ser
         f"{count} Triton pods serving", serving, timeout=60 + 10 * count, interval=1.0
     )
     return found
+
+
+PENDING_GATE = "batchpilot.dev/bench-never-starts"
+
+
+def create_pending_pods(kube: Kube, fleet_servers: Sequence[Server], count: int) -> None:
+    """`count` Pods labelled like the live ones, round-robin, that no node ever runs: the
+    scheduler leaves a Pod with a scheduling gate alone, so it stays Pending without an IP."""
+    placement = fleet.placement(kube)
+
+    def one(index: int) -> None:
+        server = fleet_servers[index % len(fleet_servers)]
+        pod = fleet.triton_pod(
+            f"{server.pod}-pending-{index}",
+            placement=placement,
+            labels={"app": "triton-pending", "bench-pod": server.pod},
+            gated=False,
+        )
+        assert pod.spec is not None
+        pod.spec.scheduling_gates = [kubernetes.client.V1PodSchedulingGate(name=PENDING_GATE)]
+        kube.core.create_namespaced_pod(server.namespace, pod)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(one, range(count)))
+
+
+async def set_instances(fleet_servers: Sequence[Server], count: int) -> None:
+    """Reloads gpu_sim on every server with `count` instances: the operator keeps whatever
+    instance group a server runs (it rewrites dynamic_batching only)."""
+
+    async def one(server: Server) -> None:
+        async with servers.TritonServer(fleet.triton_url(server.ip)) as triton:
+            config = await triton.model_config(demo_models.GPU_SIM)
+            config["instance_group"] = [{"count": count, "kind": "KIND_CPU"}]
+            await triton.load(demo_models.GPU_SIM, config)
+
+    # A few at a time: every reload restarts the model's backend processes.
+    for start in range(0, len(fleet_servers), 4):
+        await asyncio.gather(*(one(server) for server in fleet_servers[start : start + 4]))
 
 
 async def single_reload_seconds(server: Server) -> float:
@@ -510,6 +573,10 @@ class FleetFacts:
     memory_per_server: float
     mem_available_before: int
     single_reload: float
+    pending_pods: int = 0
+    """Pods the policies select that never start (scheduling-gated)."""
+    instances: int | None = None
+    """gpu_sim's instances on each server (None: the repository's)."""
 
     @property
     def servers_memory_holds(self) -> int:
@@ -525,7 +592,8 @@ def render(
     # With a lead the target is the boundary itself; without, one interval plus one wave.
     bound = 0.0 if lead_time != "0s" else INTERVAL + facts.single_reload
     lines = [
-        f"{facts.servers} real tritonservers (gpu_sim, 4 instances each) in Pods of the real "
+        f"{facts.servers} real tritonservers (gpu_sim, {facts.instances or 4} "
+        f"instance{'s' if facts.instances != 1 else ''} each) in Pods of the real "
         f"node in {facts.namespaces} namespace(s), started in {facts.start_seconds:.0f} s; "
         f"each took {facts.memory_per_server / mib:.0f} MiB (MemAvailable), so the "
         f"{facts.mem_available_before / 2**30:.1f} GiB available would hold about "
@@ -534,6 +602,13 @@ def render(
         f"schedule.leadTime {lead_time}. Times are relative to the boundary (negative: before).",
         "",
     ]
+    if facts.pending_pods:
+        lines[-1:-1] = [
+            f"The policies select {facts.servers + facts.pending_pods:,} Pods: the "
+            f"{facts.servers} live ones and {facts.pending_pods:,} that never start (a "
+            "scheduling gate keeps them Pending, without an IP): the operator watches, indexes "
+            "and selects them, but no Triton stands behind them, so they add no reload.",
+        ]
     compared = any(size.code != THIS_CHECKOUT for size in sizes)
     headers = [
         "policies (live + dryRun)",
@@ -578,7 +653,8 @@ def render(
     cores = os.cpu_count() or 1
     lines.append(
         f"- all {facts.servers} live servers reload at the same boundary on this machine's "
-        f"{cores} cores; a reload mostly starts the model's 4 Python stubs, CPU work, so "
+        f"{cores} cores; a reload mostly starts the model's {facts.instances or 4} Python "
+        "backend process(es), CPU work, so "
         f"{facts.servers} reloads of {facts.single_reload:.2f} s take about "
         f"{facts.servers * facts.single_reload / cores:.1f} s however the operator schedules "
         "them (on a real cluster every replica reloads on its own node)"
@@ -642,6 +718,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--policies", type=int, action="append", help="a policy count to measure (repeatable)"
     )
     parser.add_argument(
+        "--targets",
+        type=int,
+        help="Pods the policies select, live and never-starting (default 2000; --short: 20)",
+    )
+    parser.add_argument(
+        "--instances",
+        type=int,
+        help="gpu_sim's instances on each server (default 1; --short: the repository's 4)",
+    )
+    parser.add_argument(
         "--baseline",
         metavar="REVISION",
         help="also run that git revision's operator at each size, before this checkout's, on "
@@ -653,6 +739,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     the_plan = dataclasses.replace(the_plan, lead_time=arguments.lead_time)
     if arguments.servers:
         the_plan = dataclasses.replace(the_plan, servers=arguments.servers)
+    if arguments.instances is not None:
+        the_plan = dataclasses.replace(the_plan, instances=arguments.instances)
+    if arguments.targets is not None:
+        the_plan = dataclasses.replace(the_plan, targets=arguments.targets)
     if arguments.policies:
         the_plan = dataclasses.replace(the_plan, policy_counts=tuple(arguments.policies))
     out_dir: Path = arguments.out
@@ -660,7 +750,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     baseline = extract_baseline(arguments.baseline, out_dir) if arguments.baseline else None
     started = time.monotonic()
     print(
-        f"scale benchmark: {the_plan.servers} Tritons, policies {the_plan.policy_counts}",
+        f"scale benchmark: {the_plan.servers} Tritons, {the_plan.targets} targets, "
+        f"policies {the_plan.policy_counts}",
         flush=True,
     )
     sizes = []
@@ -676,6 +767,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         starting = time.monotonic()
         fleet_servers = start_servers(kube, namespaces, the_plan.servers)
         start_seconds = time.monotonic() - starting
+        if the_plan.instances is not None:
+            asyncio.run(set_instances(fleet_servers, the_plan.instances))
+        pending = max(the_plan.targets - len(fleet_servers), 0)
+        create_pending_pods(kube, fleet_servers, pending)
         time.sleep(3)
         facts = FleetFacts(
             servers=len(fleet_servers),
@@ -684,8 +779,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             memory_per_server=max(available - mem_available_bytes(), 1) / len(fleet_servers),
             mem_available_before=available,
             single_reload=asyncio.run(single_reload_seconds(fleet_servers[0])),
+            pending_pods=pending,
+            instances=the_plan.instances,
         )
-        print(f"  {facts.servers} Tritons serving after {start_seconds:.0f} s", flush=True)
+        print(
+            f"  {facts.servers} Tritons serving after {start_seconds:.0f} s, "
+            f"{pending} Pods that never start beside them",
+            flush=True,
+        )
         for count in the_plan.policy_counts:
             for against in (baseline, None) if baseline else (None,):
                 size_started = time.monotonic()

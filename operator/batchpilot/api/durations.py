@@ -38,4 +38,5 @@ def format_duration(seconds: float) -> str:
 def format_instant(instant: datetime.datetime) -> str:
     """An instant for reasons, in UTC as the status's times are: `2026-11-24T15:00:05Z`. Reasons
     name instants, not ages, so a status stays still while nothing changes."""
-    return instant.astimezone(datetime.UTC).isoformat().replace("+00:00", "Z")
+    utc = instant.astimezone(datetime.UTC).replace(microsecond=0)
+    return utc.isoformat().replace("+00:00", "Z")
