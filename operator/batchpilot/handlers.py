@@ -128,7 +128,7 @@ async def policy_changed(
 
 
 @kopf.on.event("", "v1", "pods")
-def pod_changed(
+async def pod_changed(
     *,
     namespace: str | None,
     body: kopf.Body,

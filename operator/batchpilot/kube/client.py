@@ -39,7 +39,7 @@ def load_configuration() -> None:
         kubernetes.config.load_kube_config()  # type: ignore[no-untyped-call]
 
 
-WORKERS = 8
+WORKERS = 4
 """Threads for calls to the API server at once: beyond them, calls queue (and time out)."""
 
 
