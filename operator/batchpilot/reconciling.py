@@ -89,6 +89,9 @@ class PolicyMemory:
     )
     """The policy's recent rollouts, and the hosts they reloaded on: which other rollouts ran
     beside them (`leads.Contention`)."""
+    contended: tuple[int, float | None] = (-1, None)
+    """The longest wave beside its rollouts, and how many waves the contention had recorded when
+    it was read: every pass asks, and it changes only when a wave is recorded."""
     vouched: dict[str, str] = field(default_factory=dict)
     """Per gated Pod, the run of its serving container last seen serving the profile with its
     gate open: a different run has Triton's repository configuration (`rollouts.mark_restarted`).
@@ -127,8 +130,12 @@ class PolicyMemory:
 
     def contended_wave_seconds(self, contention: leads.Contention) -> float | None:
         """The longest wave of the rollouts that ran beside this policy's on its hosts."""
-        found = [contention.busiest(hosts, [wave]) for wave, hosts in self.recent_rollouts]
-        return max((seconds for seconds in found if seconds is not None), default=None)
+        recorded, seconds = self.contended
+        if recorded != contention.recorded:
+            found = [contention.busiest(hosts, [wave]) for wave, hosts in self.recent_rollouts]
+            seconds = max((s for s in found if s is not None), default=None)
+            self.contended = (contention.recorded, seconds)
+        return seconds
 
     def planned_wave_seconds(self, contention: leads.Contention) -> float | None:
         """The wave leadTime auto plans for: the longest of its own and those beside them."""

@@ -130,8 +130,11 @@ class Contention:
     def __init__(self, per_node: int = WAVES_PER_NODE) -> None:
         self._per_node = per_node
         self._waves: dict[str, collections.deque[Wave]] = {}
+        self.recorded = 0
+        """Waves recorded so far: what a policy read of this stays true until."""
 
     def record(self, nodes: Iterable[str], wave: Wave) -> None:
+        self.recorded += 1
         for node in set(nodes):
             self._waves.setdefault(node, collections.deque(maxlen=self._per_node)).append(wave)
         # A node that saw no rollout for a week is gone or idle: a cluster that replaces its
