@@ -4,6 +4,10 @@ An execution of a batch of b inferences holds the server's one emulated device f
 `t0 + c * b**alpha` (the usual shape of a GPU step: a fixed launch and weight-read cost, then
 sub-linear growth with the batch), with t0, c and alpha read from the `parameters` of
 config.pbtxt. The output is tanh of the input, so responses can be checked.
+
+The output goes to Triton by DLPack (NumPy arrays implement `__dlpack__`), not as an array: the
+Python-backend stub of Triton 2.51 was built against NumPy 1 and mis-sizes output arrays made by
+NumPy 2, which fails every request (see torch_mlp's model.py).
 """
 
 import json
@@ -38,7 +42,9 @@ class TritonPythonModel:
         with self._device.occupied(batch_size=batch_size) as started:
             outputs = [np.tanh(x).astype(np.float32) for x in inputs]
             emulated_device.sleep_until(started + self.step_seconds(batch_size))
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", y)]) for y in outputs]
+        return [
+            pb_utils.InferenceResponse([pb_utils.Tensor.from_dlpack("OUTPUT", y)]) for y in outputs
+        ]
 
     def finalize(self):
         self._device.close()

@@ -8,6 +8,11 @@ Three optional config parameters let the same code run on a GPU and be big enoug
 busy (`make gpu-check` sets them; without them it is the CPU model the benchmarks measure):
 `device` (`cpu`, `cuda` or `cuda:N`), `hidden_width` and `hidden_layers`. The weights are drawn on
 the CPU from the seed and then moved, so a given shape computes the same function on every device.
+
+Tensors cross to and from Triton by DLPack, never as NumPy arrays: the Python-backend stub of
+Triton 2.51 (the `nvidia-pytriton` wheel) was built against NumPy 1 and mis-sizes output arrays
+made by NumPy 2 ("output tensor shape does not match size of output"), which failed every request
+on a GPU machine whose NumPy is 2.x. DLPack is a C struct, the same under both.
 """
 
 import itertools
@@ -15,6 +20,7 @@ import json
 
 import emulated_device
 import torch
+import torch.utils.dlpack
 import triton_python_backend_utils as pb_utils
 
 INPUT_WIDTH = 256
@@ -47,6 +53,17 @@ def build_network(*, hidden_width=1024, hidden_layers=2):
     return torch.nn.Sequential(*layers[:-1]).eval()
 
 
+def input_tensor(request):
+    """`INPUT` of one request, as a torch tensor over Triton's memory (by DLPack)."""
+    tensor = pb_utils.get_input_tensor_by_name(request, "INPUT")
+    return torch.utils.dlpack.from_dlpack(tensor.to_dlpack())
+
+
+def output_tensor(values):
+    """`OUTPUT` handed to Triton by DLPack (see the module's docstring for why not NumPy)."""
+    return pb_utils.Tensor.from_dlpack("OUTPUT", torch.utils.dlpack.to_dlpack(values.contiguous()))
+
+
 class TritonPythonModel:
     def initialize(self, args):
         settings = parameters(json.loads(args["model_config"]))
@@ -70,16 +87,13 @@ class TritonPythonModel:
         )
 
     def execute(self, requests):
-        inputs = [
-            torch.from_numpy(pb_utils.get_input_tensor_by_name(r, "INPUT").as_numpy())
-            for r in requests
-        ]
+        inputs = [input_tensor(r) for r in requests]
         sizes = [len(x) for x in inputs]
         with self._device.occupied(batch_size=sum(sizes)), torch.inference_mode():
             batch = torch.cat(inputs).to(self._torch_device)
             # Back on the CPU before the device is released: on a GPU this waits for the kernels.
             outputs = self._network(batch).cpu().split(sizes)
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", y.numpy())]) for y in outputs]
+        return [pb_utils.InferenceResponse([output_tensor(y)]) for y in outputs]
 
     def finalize(self):
         self._device.close()
