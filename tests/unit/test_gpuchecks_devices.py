@@ -68,6 +68,25 @@ def test_nvidia_smi_csv_with_units_in_the_cells_and_columns_in_another_order() -
     )
 
 
+def test_nvidia_smi_answering_with_the_long_names_of_the_fields_is_read_the_same() -> None:
+    # Asked for clocks.sm, the driver of the lent H200 (580.159) answered clocks.current.sm, and
+    # every comparison column came out empty.
+    long_header = (
+        HEADER.replace("clocks.sm", "clocks.current.sm")
+        .replace("name,", "gpu_name,")
+        .replace("power.limit", "enforced.power.limit")
+    )
+    assert "clocks.current.sm [MHz]" in long_header
+    assert devices.parse_smi_csv(f"{long_header}\n{L4_ROW}\n") == devices.parse_smi_csv(
+        f"{HEADER}\n{L4_ROW}\n"
+    )
+
+
+def test_a_row_that_does_not_match_the_header_is_refused() -> None:
+    with pytest.raises(ValueError, match="10 cells for 11 columns"):
+        devices.parse_smi_csv(f"{HEADER}\n{L4_ROW.rsplit(',', 1)[0]}\n")
+
+
 def test_what_nvidia_smi_cannot_read_is_none() -> None:
     row = "0, GPU-0000, NVIDIA L4, 550.54.15, 37, 6144, 24576, [N/A], [Not Supported], 2040, 55"
     (reading,) = devices.parse_smi_csv(f"{HEADER}\n{row}\n")
@@ -165,6 +184,7 @@ async def test_the_sidecar_and_nvidia_smi_agree_on_one_gpu_in_each_others_units(
     assert rows == {
         "utilization %": (37.0, 37.0, 0.0),
         "memory used MiB": (6144.0, 6144.0, 0.0),
+        "memory reserved MiB": (0.0, None, None),  # nvidia-smi's query leaves it out
         "memory total MiB": (24576.0, 24576.0, 0.0),
         "power W": (41.5, 41.5, 0.0),
         "power limit W": (72.0, 72.0, 0.0),

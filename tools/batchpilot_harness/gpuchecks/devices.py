@@ -74,20 +74,54 @@ def _text(text: str) -> str | None:
     return None if _NO_VALUE.match(text) else text
 
 
+SMI_ALIASES: Mapping[str, frozenset[str]] = {
+    field: frozenset(names)
+    for field, *names in (
+        ("index", "index"),
+        ("uuid", "uuid", "gpu_uuid"),
+        ("name", "name", "gpu_name"),
+        ("driver_version", "driver_version"),
+        ("utilization.gpu", "utilization.gpu"),
+        ("memory.used", "memory.used"),
+        ("memory.total", "memory.total"),
+        ("power.draw", "power.draw", "power.draw.average", "power.draw.instant"),
+        ("power.limit", "power.limit", "enforced.power.limit"),
+        ("clocks.sm", "clocks.sm", "clocks.current.sm"),
+        ("temperature.gpu", "temperature.gpu"),
+    )
+}
+"""Each queried field and the header names nvidia-smi may answer it with: asked for `clocks.sm`,
+the driver on the lent H200 (580.159) wrote `clocks.current.sm [MHz]`, the long form of the name."""
+
+
+def _columns(header: Sequence[str]) -> dict[str, int]:
+    """Each queried field's column, found by any of its names."""
+    names = [re.sub(r"\s*\[.*\]$", "", cell.strip()) for cell in header]
+    columns = {}
+    for field, aliases in SMI_ALIASES.items():
+        found = [position for position, name in enumerate(names) if name in aliases]
+        if found:
+            columns[field] = found[0]
+    absent = [field for field in SMI_FIELDS if field not in columns]
+    if absent:
+        raise ValueError(f"nvidia-smi's CSV lacks {', '.join(absent)} (header: {list(header)})")
+    return columns
+
+
 def parse_smi_csv(text: str) -> tuple[SmiReading, ...]:
-    """`nvidia-smi --query-gpu=... --format=csv[,nounits]`: columns found by their header, so
-    their order and units (`memory.used [MiB]`, or `6144 MiB` without nounits) do not matter."""
+    """`nvidia-smi --query-gpu=... --format=csv[,nounits]`: columns found by their header, under
+    the short or the long name of each field, so their order, names and units (`memory.used
+    [MiB]`, or `6144 MiB` without nounits) do not matter."""
     rows = [row for row in csv.reader(io.StringIO(text), skipinitialspace=True) if row]
     if not rows:
         raise ValueError("nvidia-smi printed nothing")
-    header = [re.sub(r"\s*\[.*\]$", "", cell.strip()) for cell in rows[0]]
-    absent = [field for field in SMI_FIELDS if field not in header]
-    if absent:
-        raise ValueError(f"nvidia-smi's CSV lacks {', '.join(absent)} (header: {rows[0]})")
+    columns = _columns(rows[0])
     readings = []
     for row in rows[1:]:
+        if len(row) != len(rows[0]):
+            raise ValueError(f"nvidia-smi's row has {len(row)} cells for {len(rows[0])} columns")
         # Without nounits every number carries its unit after a space.
-        cells = {name: cell.strip() for name, cell in zip(header, row, strict=True)}
+        cells = {field: row[column].strip() for field, column in columns.items()}
 
         def value(field: str, cells: Mapping[str, str] = cells) -> float | None:
             return _number(cells[field])
@@ -311,6 +345,12 @@ def _comparison(
                 "temperature C",
                 d.temperature_celsius if d else None,
                 s.temperature_celsius if s else None,
+            ),
+            # Reported apart by NVML's v2 memory info; not among nvidia-smi's queried fields.
+            row(
+                "memory reserved MiB",
+                _scaled(d.memory_reserved_bytes, 1 / _MIB) if d else None,
+                None,
             ),
         ),
         problems=tuple(d.problems) if d else (),
