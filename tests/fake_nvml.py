@@ -19,7 +19,12 @@ class FakeGpu:
     uuid: str = "GPU-0000"
     utilization_percent: int = 37
     memory_used: int = 6 * GIB
+    """In use, as nvidia-smi and NVML's v2 memory info count it (without reserved memory)."""
+    memory_reserved: int = 0
+    """Reserved by the driver: NVML's v1 memory info counts it as used."""
     memory_total: int = 24 * GIB
+    memory_info_v2: bool = True
+    """Whether the driver answers NVML's v2 memory info (nvmlDeviceGetMemoryInfo_v2)."""
     power_milliwatts: int = 41_500
     power_limit_milliwatts: int = 72_000
     sm_clock_mhz: int = 2040
@@ -34,6 +39,7 @@ class FakeNvml:
     NVMLError = FakeNvmlError
     NVML_CLOCK_SM = 1
     NVML_TEMPERATURE_GPU = 0
+    nvmlMemory_v2 = 0x02000028
 
     def __init__(self, *devices: FakeGpu, init_error: str | None = None) -> None:
         self.devices = list(devices)
@@ -75,12 +81,25 @@ class FakeNvml:
         rates = type("Rates", (), {"gpu": device.utilization_percent, "memory": 10})
         return self._query(device, "utilization", rates)
 
-    def nvmlDeviceGetMemoryInfo(self, device: FakeGpu) -> Any:
-        free = device.memory_total - device.memory_used
-        info = type(
-            "Memory", (), {"used": device.memory_used, "total": device.memory_total, "free": free}
-        )
-        return self._query(device, "memory", info)
+    def nvmlDeviceGetMemoryInfo(self, device: FakeGpu, version: int | None = None) -> Any:
+        """v1 (no version) counts reserved memory as used, as the real library does; v2 reports
+        it apart."""
+        free = device.memory_total - device.memory_used - device.memory_reserved
+        if version is None:
+            used = device.memory_used + device.memory_reserved
+            info = type("Memory", (), {"used": used, "total": device.memory_total, "free": free})
+            return self._query(device, "memory", info)
+        assert version == self.nvmlMemory_v2
+        if not device.memory_info_v2:
+            raise FakeNvmlError("Function Not Found")
+        fields = {
+            "version": version,
+            "used": device.memory_used,
+            "reserved": device.memory_reserved,
+            "total": device.memory_total,
+            "free": free,
+        }
+        return self._query(device, "memory", type("Memory_v2", (), fields))
 
     def nvmlDeviceGetPowerUsage(self, device: FakeGpu) -> int:
         return self._query(device, "power", device.power_milliwatts)  # type: ignore[no-any-return]

@@ -55,6 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "else $HOSTNAME)",
     )
     parser.add_argument(
+        "--pod-namespace",
+        default=os.environ.get("POD_NAMESPACE"),
+        help="and only in this namespace: Pod names repeat across namespaces (default: "
+        "$POD_NAMESPACE)",
+    )
+    parser.add_argument(
         "--slo-p95-ms",
         type=float,
         metavar="MS",
@@ -99,7 +105,7 @@ def run(arguments: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    from batchpilot_sidecar import collecting, llm_recommending, recommending, serving
+    from batchpilot_sidecar import collecting, gpus, llm_recommending, recommending, serving
 
     if arguments.model_repository is not None and not arguments.model_repository.is_dir():
         raise ValueError(f"--model-repository {arguments.model_repository} is not a directory")
@@ -120,7 +126,9 @@ def run(arguments: argparse.Namespace) -> int:
                 max_models=arguments.max_models,
             ),
             dcgm_url=arguments.dcgm_url,
-            pod=arguments.pod_name,
+            pod=gpus.PodRef(arguments.pod_name, arguments.pod_namespace)
+            if arguments.pod_name
+            else None,
             default_objective=objective,
             default_llm_objective=llm_recommending.LlmObjective(
                 ttft_p95_ms=arguments.ttft_p95_ms, itl_p95_ms=arguments.itl_p95_ms

@@ -8,8 +8,17 @@ loaded — no library, no driver, no GPU — the sidecar keeps working and repor
 unavailable with the reason; it never reports a number it did not read. Initialisation is
 retried now and then, since a driver may come up after the container.
 
-A DCGM exporter sees every GPU of its node; its page is used when NVML gives nothing, and only
-its series for this pod when they carry pod labels (DCGM's Kubernetes mapping).
+Memory is read as nvidia-smi and DCGM report it: NVML's v2 memory info, whose `used` leaves out
+the memory the driver reserves for itself, with the reserved memory reported apart. NVML's v1
+answer counts reserved memory as used (614 MiB more than nvidia-smi on the lent H200, idle and
+under load); it is the fallback where the driver or bindings lack v2, and then says so.
+
+A container that requests no GPU sees none through NVML, and in a Kubernetes Pod that is the
+sidecar's case: the GPUs belong to the Triton container beside it. There the node's DCGM exporter
+is the source (NVIDIA's GPU Operator runs one on every GPU node, labelling each GPU's series with
+the namespace, Pod and container it is allocated to); its page is used when NVML gives nothing,
+and only the series of this Pod (namespace and name: names repeat across namespaces). The page is
+read with a deadline and a size cap, as every outbound read is.
 
 The NVML module is injectable, so that tests can pass a fake one: every code path here runs on
 machines without a GPU.
@@ -30,6 +39,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from batchpilot_sidecar import threads
+from batchpilot_triton import responses
 
 Source = Literal["nvml", "dcgm"]
 NVML_RETRY_SECONDS = 60.0
@@ -40,6 +50,7 @@ _DCGM_FIELDS: Mapping[str, tuple[str, Callable[[float], float]]] = {
     "DCGM_FI_DEV_GPU_UTIL": ("utilization", lambda percent: percent / 100.0),
     "DCGM_FI_DEV_FB_USED": ("memory_used_bytes", lambda mib: mib * _MIB),
     "DCGM_FI_DEV_FB_FREE": ("memory_free_bytes", lambda mib: mib * _MIB),
+    "DCGM_FI_DEV_FB_RESERVED": ("memory_reserved_bytes", lambda mib: mib * _MIB),
     "DCGM_FI_DEV_POWER_USAGE": ("power_watts", float),
     "DCGM_FI_DEV_POWER_MGMT_LIMIT": ("power_limit_watts", float),
     "DCGM_FI_DEV_SM_CLOCK": ("sm_clock_mhz", float),
@@ -57,6 +68,9 @@ class GpuReading:
     utilization: float | None = None
     """Fraction of the last sample period during which a kernel ran, 0 to 1."""
     memory_used_bytes: float | None = None
+    """Memory in use, without what the driver reserves (as nvidia-smi and DCGM count it)."""
+    memory_reserved_bytes: float | None = None
+    """Memory the driver reserves for itself; None where the source does not say."""
     memory_total_bytes: float | None = None
     power_watts: float | None = None
     power_limit_watts: float | None = None
@@ -68,7 +82,7 @@ class GpuReading:
     def memory_free_bytes(self) -> float | None:
         if self.memory_used_bytes is None or self.memory_total_bytes is None:
             return None
-        return self.memory_total_bytes - self.memory_used_bytes
+        return self.memory_total_bytes - self.memory_used_bytes - (self.memory_reserved_bytes or 0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -171,7 +185,7 @@ class NvmlReader:
         name = query("name", lambda: nvml.nvmlDeviceGetName(handle))
         uuid = query("uuid", lambda: nvml.nvmlDeviceGetUUID(handle))
         rates = query("utilization", lambda: nvml.nvmlDeviceGetUtilizationRates(handle))
-        memory = query("memory", lambda: nvml.nvmlDeviceGetMemoryInfo(handle))
+        memory = query("memory", lambda: _memory_info(nvml, handle, problems))
         power = query("power", lambda: nvml.nvmlDeviceGetPowerUsage(handle))
         limit = query("power limit", lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(handle))
         clock = query("SM clock", lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))
@@ -185,6 +199,7 @@ class NvmlReader:
             name=_text(name),
             utilization=float(rates.gpu) / 100.0 if rates is not None else None,
             memory_used_bytes=float(memory.used) if memory is not None else None,
+            memory_reserved_bytes=_reserved(memory),
             memory_total_bytes=float(memory.total) if memory is not None else None,
             power_watts=float(power) / 1000.0 if power is not None else None,  # milliwatts
             power_limit_watts=float(limit) / 1000.0 if limit is not None else None,
@@ -194,6 +209,29 @@ class NvmlReader:
         )
 
 
+def _memory_info(nvml: Any, handle: Any, problems: list[str]) -> Any:
+    """NVML's v2 memory info where the bindings and the driver have it, else v1 (whose `used`
+    counts reserved memory), with the reason in `problems`."""
+    version = getattr(nvml, "nvmlMemory_v2", None)
+    if version is None:
+        problems.append(
+            "memory reserved: these NVML bindings have no v2 memory info; used counts it"
+        )
+    else:
+        try:
+            return nvml.nvmlDeviceGetMemoryInfo(handle, version=version)
+        except nvml.NVMLError as error:
+            problems.append(
+                f"memory reserved: NVML's v2 memory info failed ({error}); used counts it"
+            )
+    return nvml.nvmlDeviceGetMemoryInfo(handle)
+
+
+def _reserved(memory: Any) -> float | None:
+    reserved = getattr(memory, "reserved", None) if memory is not None else None
+    return float(reserved) if reserved is not None else None
+
+
 def _text(value: Any) -> str | None:
     # Older bindings return bytes.
     if value is None:
@@ -201,12 +239,32 @@ def _text(value: Any) -> str | None:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def parse_dcgm(text: str, *, pod: str | None = None) -> tuple[GpuReading, ...]:
-    """GPU readings from a DCGM exporter page. With `pod`, and where the exporter labels series
-    with the pod using each GPU (its Kubernetes mapping), only that pod's GPUs."""
+@dataclass(frozen=True)
+class PodRef:
+    """The Pod this sidecar runs in, as a DCGM exporter's Kubernetes mapping labels its GPUs."""
+
+    name: str
+    namespace: str | None = None
+    """None matches the name in any namespace (a sidecar not told its namespace)."""
+
+    def owns(self, labels: Mapping[str, str]) -> bool:
+        if labels.get("pod") != self.name:
+            return False
+        return self.namespace is None or labels.get("namespace") == self.namespace
+
+
+class DcgmPageError(ValueError):
+    """The page cannot say which GPUs are this Pod's."""
+
+
+def parse_dcgm(text: str, *, pod: PodRef | None = None) -> tuple[GpuReading, ...]:
+    """GPU readings from a DCGM exporter page. With `pod`, only the GPUs the exporter's
+    Kubernetes mapping labels with that Pod; a page without any Pod labels then says nothing of
+    this Pod (it lists every GPU of the node) and is refused with DcgmPageError."""
     values: dict[str, dict[str, float]] = {}
     identities: dict[str, tuple[str | None, str | None]] = {}
-    pods: dict[str, set[str]] = {}
+    mine: set[str] = set()
+    labelled = False
     for family in text_string_to_metric_families(text):
         target = _DCGM_FIELDS.get(family.name)
         if target is None:
@@ -218,14 +276,24 @@ def parse_dcgm(text: str, *, pod: str | None = None) -> tuple[GpuReading, ...]:
             field_name, convert = target
             values.setdefault(key, {})[field_name] = convert(sample.value)
             identities[key] = (sample.labels.get("UUID"), sample.labels.get("modelName"))
-            if sample.labels.get("pod"):
-                pods.setdefault(key, set()).add(sample.labels["pod"])
-    if pod is not None and pods:
-        values = {key: fields for key, fields in values.items() if pod in pods.get(key, ())}
+            labelled = labelled or bool(sample.labels.get("pod"))
+            if pod is not None and pod.owns(sample.labels):
+                mine.add(key)
+    if pod is not None:
+        if values and not labelled:
+            raise DcgmPageError(
+                "its series carry no Pod labels, so which GPUs are this Pod's is unknown (the "
+                "exporter's Kubernetes mapping is off: DCGM_EXPORTER_KUBERNETES=true)"
+            )
+        values = {key: fields for key, fields in values.items() if key in mine}
     readings = []
     for key, fields in sorted(values.items(), key=lambda item: _index(item[0])):
         used, free = fields.get("memory_used_bytes"), fields.get("memory_free_bytes")
+        reserved = fields.get("memory_reserved_bytes")
         uuid, name = identities[key]
+        total = None
+        if used is not None and free is not None:
+            total = used + free + (reserved or 0.0)
         readings.append(
             GpuReading(
                 index=_index(key),
@@ -233,7 +301,8 @@ def parse_dcgm(text: str, *, pod: str | None = None) -> tuple[GpuReading, ...]:
                 name=name,
                 utilization=fields.get("utilization"),
                 memory_used_bytes=used,
-                memory_total_bytes=used + free if used is not None and free is not None else None,
+                memory_reserved_bytes=reserved,
+                memory_total_bytes=total,
                 power_watts=fields.get("power_watts"),
                 power_limit_watts=fields.get("power_limit_watts"),
                 sm_clock_mhz=fields.get("sm_clock_mhz"),
@@ -255,7 +324,7 @@ class GpuMonitor:
         nvml: NvmlReader,
         *,
         dcgm_url: str | None = None,
-        pod: str | None = None,
+        pod: PodRef | None = None,
         timeout: float = 2.0,
     ) -> None:
         self.nvml = nvml
@@ -276,9 +345,10 @@ class GpuMonitor:
                 source=None, reason=f"{telemetry.reason}; DCGM exporter {self.dcgm_url}: {error}"
             )
         if not readings:
+            whose = f" of Pod {self.pod.namespace or '*'}/{self.pod.name}" if self.pod else ""
             return GpuTelemetry(
                 source=None,
-                reason=f"{telemetry.reason}; DCGM exporter {self.dcgm_url} reports no GPU",
+                reason=f"{telemetry.reason}; DCGM exporter {self.dcgm_url} reports no GPU{whose}",
             )
         return GpuTelemetry(source="dcgm", gpus=readings)
 
@@ -303,6 +373,9 @@ class GpuMonitor:
     async def _dcgm_page(self, url: str) -> str:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
-        async with self._session.get(url) as response:
-            response.raise_for_status()
-            return await response.text()
+        # Never followed: a redirect would send this read where the page's server says.
+        async with self._session.get(url, allow_redirects=False) as response:
+            if response.status != 200:
+                raise aiohttp.ClientError(responses.refusal(response.status, response.reason))
+            page = await responses.read_capped(response, responses.METRICS_PAGE_BYTES)
+        return page.decode(errors="replace")

@@ -111,7 +111,7 @@ async def run_sidecar(
     listen: tuple[str, int],
     settings: collecting.Settings,
     dcgm_url: str | None = None,
-    pod: str | None = None,
+    pod: gpus.PodRef | None = None,
     default_objective: recommending.Objective | None = None,
     default_llm_objective: llm_recommending.LlmObjective | None = None,
     models: Collection[str] = (),

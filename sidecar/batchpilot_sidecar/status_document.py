@@ -85,6 +85,7 @@ def _gpu(telemetry: gpus.GpuTelemetry) -> reports.GpuReport:
                 name=gpu.name,
                 utilization=gpu.utilization,
                 memory_used_bytes=gpu.memory_used_bytes,
+                memory_reserved_bytes=gpu.memory_reserved_bytes,
                 memory_total_bytes=gpu.memory_total_bytes,
                 memory_free_bytes=gpu.memory_free_bytes,
                 power_watts=gpu.power_watts,

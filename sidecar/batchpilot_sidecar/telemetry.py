@@ -42,7 +42,13 @@ FAMILIES = {
             "1 when GPU telemetry is available (NVML or DCGM exporter), else 0; /status says why.",
         ),
         Family("gpu_utilization_ratio", "gauge", _GPU, "Fraction of time a kernel ran, 0 to 1."),
-        Family("gpu_memory_used_bytes", "gauge", _GPU, "GPU memory in use."),
+        Family(
+            "gpu_memory_used_bytes",
+            "gauge",
+            _GPU,
+            "GPU memory in use, without what the driver reserves (as nvidia-smi counts it).",
+        ),
+        Family("gpu_memory_reserved_bytes", "gauge", _GPU, "GPU memory the driver reserves."),
         Family("gpu_memory_total_bytes", "gauge", _GPU, "GPU memory in all."),
         Family("gpu_power_watts", "gauge", _GPU, "Power draw."),
         Family("gpu_power_limit_watts", "gauge", _GPU, "Enforced power limit."),
@@ -237,6 +243,7 @@ def _gpu_families(families: _Families, telemetry: gpus.GpuTelemetry) -> None:
         labels = [str(gpu.index), gpu.uuid or ""]
         families.add("gpu_utilization_ratio", labels, gpu.utilization)
         families.add("gpu_memory_used_bytes", labels, gpu.memory_used_bytes)
+        families.add("gpu_memory_reserved_bytes", labels, gpu.memory_reserved_bytes)
         families.add("gpu_memory_total_bytes", labels, gpu.memory_total_bytes)
         families.add("gpu_power_watts", labels, gpu.power_watts)
         families.add("gpu_power_limit_watts", labels, gpu.power_limit_watts)

@@ -164,6 +164,8 @@ class DeviceReport:
     utilization: float | None = None
     """Fraction (0 to 1) of NVML's last sample period during which a kernel ran."""
     memory_used_bytes: float | None = None
+    """Without the memory the driver reserves, as nvidia-smi and DCGM count it."""
+    memory_reserved_bytes: float | None = None
     memory_total_bytes: float | None = None
     memory_free_bytes: float | None = None
     power_watts: float | None = None

@@ -31,6 +31,7 @@ def test_every_gpu_is_read_in_our_units() -> None:
         name="NVIDIA L4",
         utilization=0.37,
         memory_used_bytes=6 * GIB,
+        memory_reserved_bytes=0,
         memory_total_bytes=24 * GIB,
         power_watts=41.5,
         power_limit_watts=72.0,
@@ -160,25 +161,122 @@ def test_a_dcgm_page_gives_every_gpu_in_our_units() -> None:
 
 
 def test_with_pod_labels_only_this_pods_gpus_are_kept() -> None:
-    (only,) = gpus.parse_dcgm(DCGM_PAGE, pod="triton-0")
+    (only,) = gpus.parse_dcgm(DCGM_PAGE, pod=gpus.PodRef("triton-0", "ml"))
     assert only.uuid == "GPU-aaaa"
+    (by_name,) = gpus.parse_dcgm(DCGM_PAGE, pod=gpus.PodRef("triton-0"))
+    assert by_name.uuid == "GPU-aaaa"
+
+
+def test_a_pod_of_the_same_name_in_another_namespace_is_not_this_one() -> None:
+    assert gpus.parse_dcgm(DCGM_PAGE, pod=gpus.PodRef("triton-0", "trading")) == ()
+
+
+def test_a_page_without_pod_labels_is_refused_for_a_pod_not_given_the_nodes_gpus() -> None:
     unlabelled = DCGM_PAGE.replace(',pod="triton-0"', "").replace(',pod="other-0"', "")
-    assert len(gpus.parse_dcgm(unlabelled, pod="triton-0")) == 2
+    with pytest.raises(gpus.DcgmPageError, match="DCGM_EXPORTER_KUBERNETES=true"):
+        gpus.parse_dcgm(unlabelled, pod=gpus.PodRef("triton-0", "ml"))
+    assert len(gpus.parse_dcgm(unlabelled)) == 2, "without a Pod to look for, every GPU"
+
+
+def test_dcgms_reserved_memory_is_kept_apart_and_counted_in_the_total() -> None:
+    reserved = (
+        "# HELP DCGM_FI_DEV_FB_RESERVED Framebuffer memory reserved (in MiB).\n"
+        "# TYPE DCGM_FI_DEV_FB_RESERVED gauge\n"
+        f"DCGM_FI_DEV_FB_RESERVED{{{DCGM_LABELS['0']}}} 615\n"
+        f"DCGM_FI_DEV_FB_RESERVED{{{DCGM_LABELS['1']}}} 615\n"
+    )
+    (mine,) = gpus.parse_dcgm(DCGM_PAGE + reserved, pod=gpus.PodRef("triton-0", "ml"))
+    assert mine.memory_used_bytes == 14336 * 1024**2
+    assert mine.memory_reserved_bytes == 615 * 1024**2
+    assert mine.memory_total_bytes == (14336 + 8192 + 615) * 1024**2
+    assert mine.memory_free_bytes == 8192 * 1024**2
+
+
+def test_nvml_memory_is_v2s_used_with_the_reserved_memory_apart() -> None:
+    # On the lent H200 NVML's v1 "used" read 615 MiB above nvidia-smi's: it counts reserved memory.
+    library = FakeNvml(FakeGpu(memory_used=6 * GIB, memory_reserved=615 * 1024**2))
+    (gpu,) = reader(library).read().gpus
+    assert gpu.memory_used_bytes == 6 * GIB, "as nvidia-smi and DCGM report it"
+    assert gpu.memory_reserved_bytes == 615 * 1024**2
+    assert gpu.memory_free_bytes == 18 * GIB - 615 * 1024**2
+    assert gpu.problems == ()
+
+
+def test_without_v2_memory_info_v1_is_read_and_the_reading_says_what_it_counts() -> None:
+    library = FakeNvml(FakeGpu(memory_used=6 * GIB, memory_reserved=GIB, memory_info_v2=False))
+    (gpu,) = reader(library).read().gpus
+    assert gpu.memory_used_bytes == 7 * GIB, "v1: reserved memory counted as used"
+    assert gpu.memory_reserved_bytes is None
+    assert gpu.memory_free_bytes == 17 * GIB
+    (problem,) = gpu.problems
+    assert problem.startswith("memory reserved: NVML's v2 memory info failed (Function Not Found)")
 
 
 @pytest.fixture
 async def dcgm_url() -> AsyncIterator[str]:
+    """A DCGM exporter page on loopback at /metrics; /huge answers a page over the sidecar's
+    cap and /moved redirects to /metrics."""
+
     async def page(_: web.Request) -> web.Response:
         return web.Response(text=DCGM_PAGE)
 
+    async def huge(_: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        await response.prepare(_)
+        line = b'DCGM_FI_DEV_GPU_UTIL{gpu="0"} 1\n' * 4096
+        for _chunk in range(64):  # 8 MiB, twice the cap
+            await response.write(line)
+        return response
+
+    async def moved(_: web.Request) -> web.Response:
+        raise web.HTTPTemporaryRedirect("/metrics")
+
     app = web.Application()
     app.router.add_get("/metrics", page)
+    app.router.add_get("/huge", huge)
+    app.router.add_get("/moved", moved)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     (port,) = local_triton.free_ports("127.0.0.1", 1)
     await web.TCPSite(runner, "127.0.0.1", port).start()
     yield f"http://127.0.0.1:{port}/metrics"
     await runner.cleanup()
+
+
+async def test_the_monitor_reads_this_pods_gpus_from_dcgm_in_a_pod(dcgm_url: str) -> None:
+    monitor = gpus.GpuMonitor(
+        reader(FakeNvml()), dcgm_url=dcgm_url, pod=gpus.PodRef("other-0", "ml")
+    )
+    try:
+        telemetry = await monitor.read()
+    finally:
+        await monitor.close()
+    assert telemetry.source == "dcgm"
+    assert [gpu.uuid for gpu in telemetry.gpus] == ["GPU-bbbb"]
+
+
+async def test_a_dcgm_page_over_the_cap_is_cut_off_and_said_so(dcgm_url: str) -> None:
+    huge = dcgm_url.replace("/metrics", "/huge")
+    monitor = gpus.GpuMonitor(reader(FakeNvml()), dcgm_url=huge)
+    try:
+        telemetry = await monitor.read()
+    finally:
+        await monitor.close()
+    assert not telemetry.available
+    assert telemetry.reason is not None
+    assert telemetry.reason.endswith("the answer is larger than 4 MiB; cut off there")
+
+
+async def test_a_dcgm_redirect_is_not_followed(dcgm_url: str) -> None:
+    moved = dcgm_url.replace("/metrics", "/moved")
+    monitor = gpus.GpuMonitor(reader(FakeNvml()), dcgm_url=moved)
+    try:
+        telemetry = await monitor.read()
+    finally:
+        await monitor.close()
+    assert not telemetry.available
+    assert telemetry.reason is not None
+    assert telemetry.reason.endswith(f"DCGM exporter {moved}: HTTP 307 Temporary Redirect")
 
 
 async def test_the_monitor_falls_back_to_dcgm_when_nvml_gives_nothing(dcgm_url: str) -> None:
