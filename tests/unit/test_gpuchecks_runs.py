@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from batchpilot.api import documents
-from batchpilot_harness.gpuchecks import accounting, devices, plans, runs
+from batchpilot_harness.gpuchecks import accounting, devices, findings, plans, runs
 from batchpilot_triton import reports, scraping
 
 
@@ -58,7 +58,7 @@ def test_the_policy_has_both_profiles_and_starts_interactive() -> None:
     assert spec.target.models == ["torch_mlp"]
 
 
-def findings(step_time: reports.StepTimeReport) -> runs.Findings:
+def recorded(step_time: reports.StepTimeReport) -> findings.Findings:
     initial = accounting.Switch("interactive", None, -3.0, -1.0, (2.5,))
     to_bulk = accounting.Switch("bulk", "interactive", 30.0, 31.5, (1.4,))
     requests = [
@@ -79,11 +79,13 @@ def findings(step_time: reports.StepTimeReport) -> runs.Findings:
     )
     smi = devices.SmiReading(index=0, name="NVIDIA H100 80GB HBM3", utilization_percent=29)
     sidecar = reports.DeviceReport(index=0, name="NVIDIA H100 80GB HBM3", utilization=0.31)
-    return runs.Findings(
+    return findings.Findings(
         plan=plan().describe(),
+        device="cuda",
+        gpu=0,
         startup_seconds=12.5,
         comparisons=(
-            runs.Comparison(
+            findings.Comparison(
                 moment="under load (bulk)",
                 gpus=devices.compare([sidecar], [smi]),
                 sidecar_gpu="available via nvml",
@@ -94,7 +96,9 @@ def findings(step_time: reports.StepTimeReport) -> runs.Findings:
         initial=initial,
         switches=accounting.switch_accounts([to_bulk], requests),
         profiles=profiles,
+        sent=len(requests),
         all_requests=accounting.latencies(requests),
+        failures=(),
         samples=len(samples),
         problems=(),
     )
@@ -112,7 +116,7 @@ def test_the_report_shows_the_readings_the_fit_the_switches_and_the_device_cost(
         r_squared=0.994,
         rmse_ms=0.021,
     )
-    text = runs.render(findings(fit))
+    text = runs.render(recorded(fit))
     assert text.startswith("GPU check: torch_mlp (hidden 8192 x 4) on cuda (GPU 0); 800 req/s")
     assert "NVML (the sidecar's /status) next to nvidia-smi, under load (bulk):" in text
     utilization = next(line for line in text.splitlines() if "utilization %" in line)
@@ -130,9 +134,9 @@ def test_the_report_shows_the_readings_the_fit_the_switches_and_the_device_cost(
     assert interactive[1:4] == ["31.5", "3150", "0"]
     assert interactive[7] == "2.0"  # average batch from Triton's counters
     assert interactive[8:11] == ["30.0%", "3.000", "-"]
-    assert "All requests: 6000 sent, 0 failed" in text
+    assert "All requests: 6000 sent, 6000 answered or failed, 0 failed" in text
 
 
 def test_a_fit_that_is_not_there_says_why() -> None:
     fit = reports.StepTimeReport(status="insufficient", reason="3 distinct batch sizes")
-    assert "insufficient: 3 distinct batch sizes" in runs.render(findings(fit))
+    assert "insufficient: 3 distinct batch sizes" in runs.render(recorded(fit))

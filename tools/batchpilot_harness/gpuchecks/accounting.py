@@ -11,6 +11,7 @@ are the switch's, the others are steady state. All times are seconds on one mono
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
@@ -62,6 +63,8 @@ class Request:
     latency: float | None
     """Seconds from sending to the end of the response; None without a response."""
     succeeded: bool
+    error: str | None = None
+    """What the client saw instead of an answer (the server's words, or the connection's)."""
 
     @property
     def done(self) -> float:
@@ -110,6 +113,18 @@ def latencies(requests: Iterable[Request]) -> Latencies:
     return Latencies(
         requests=len(found), failed=len(found) - int(ok.size), p50_ms=p50, p99_ms=p99, max_ms=top
     )
+
+
+FAILURE_KINDS = 3
+_FAILURE_TEXT = 160
+
+
+def failure_kinds(requests: Iterable[Request], limit: int = FAILURE_KINDS) -> tuple[str, ...]:
+    """The most frequent failures, as their text with a count: `418 x HTTP 500: ...`."""
+    counts = collections.Counter(
+        (r.error or "no answer")[:_FAILURE_TEXT] for r in requests if not r.succeeded
+    )
+    return tuple(f"{count} x {text}" for text, count in counts.most_common(limit))
 
 
 def _within(request: Request, windows: Iterable[tuple[float, float]]) -> bool:

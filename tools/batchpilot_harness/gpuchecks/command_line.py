@@ -13,6 +13,7 @@ import argparse
 import ctypes.util
 import dataclasses
 import importlib
+import importlib.metadata
 import os
 import sys
 import sysconfig
@@ -59,6 +60,12 @@ def parser() -> argparse.ArgumentParser:
         help="the carried wheels (make gpu-wheels)",
     )
     run.add_argument(
+        "--model-repository",
+        type=Path,
+        default=plans.Plan.model_repository,
+        help="a model repository holding torch_mlp (default: the project's, %(default)s)",
+    )
+    run.add_argument(
         "--site",
         type=Path,
         default=Path(".gpu-site"),
@@ -93,8 +100,33 @@ def plan_of(arguments: argparse.Namespace) -> plans.Plan:
     if values.rate <= 0 or values.segment_seconds <= 0 or values.cycles < 1:
         raise ValueError("--rate and --segment-seconds must be positive, --cycles at least 1")
     return plans.Plan(
-        device=arguments.device, gpu=arguments.gpu, out=arguments.out, **dataclasses.asdict(values)
+        device=arguments.device,
+        gpu=arguments.gpu,
+        out=arguments.out,
+        model_repository=arguments.model_repository,
+        **dataclasses.asdict(values),
     )
+
+
+def _version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def environment_line(detection: devices.Detection) -> str:
+    """What the run will stand on: Python, NumPy (the Python backend is sensitive to its major
+    version), torch, the driver and the GPUs, as found here."""
+    driver = next((r.driver_version for r in detection.smi if r.driver_version), None)
+    found = [
+        f"Python {sys.version.split()[0]} ({sys.executable})",
+        f"NumPy {_version('numpy')}",
+        f"torch {_version('torch')}",
+        f"driver {driver or 'unknown'}",
+        f"GPUs: {', '.join(detection.nvml_gpus) or 'none through NVML'}",
+    ]
+    return "; ".join(found)
 
 
 def stub_library_problem() -> str | None:
@@ -165,6 +197,7 @@ def _run(arguments: argparse.Namespace, detect: Callable[[], devices.Detection])
         print(f"gpu-check: {error}", file=sys.stderr)
         return EXIT_USAGE
     detection = detect()
+    print(f"gpu-check: {environment_line(detection)}")
     print(f"gpu-check: {detection.describe()}")
     if plan.device == "cuda":
         if not detection.found:
@@ -177,21 +210,25 @@ def _run(arguments: argparse.Namespace, detect: Callable[[], devices.Detection])
     if problem is not None:
         print(f"gpu-check: {problem}", file=sys.stderr)
         return EXIT_MISSING
-    from batchpilot_harness.gpuchecks import runs  # imports what prepare() made available
+    print(f"gpu-check: with the wheels and site in place: {environment_line(detection)}")
+    # Imports what prepare() made available.
+    from batchpilot_harness.gpuchecks import runs, verdicts
 
     try:
         findings = runs.run(plan)
     except RuntimeError as error:
-        print(f"gpu-check: the run failed: {error}", file=sys.stderr)
+        print(f"gpu-check: FAILED: the run failed: {error}", flush=True)
         return EXIT_FAILED
     print()
     print(runs.render(findings))
     runs.write(findings, plan.out)
     print(f"\nWritten: {plan.out / 'gpu-check.txt'}, {plan.out / 'gpu-check.json'}")
-    if findings.problems:
-        print("gpu-check: FAILED: " + "; ".join(findings.problems), file=sys.stderr)
+    problems = verdicts.problems(findings)
+    # The reason is the last line, on the same stream as the report, so it cannot be lost.
+    if problems:
+        print("gpu-check: FAILED: " + "; ".join(problems), flush=True)
         return EXIT_FAILED
-    print("gpu-check: OK")
+    print("gpu-check: OK", flush=True)
     return 0
 
 

@@ -39,6 +39,7 @@ from batchpilot.api.v1alpha1 import specs
 from batchpilot.signals import sidecars
 from batchpilot_harness import loadgen, local_triton
 from batchpilot_harness.gpuchecks import accounting, devices, plans
+from batchpilot_harness.gpuchecks.findings import Comparison, Findings
 from batchpilot_triton import reports, scraping, servers
 
 MODEL = plans.MODEL
@@ -98,29 +99,6 @@ def server_environment(plan: plans.Plan) -> dict[str, str]:
 
 
 # -- what a run finds -----------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Comparison:
-    moment: str
-    gpus: tuple[devices.GpuComparison, ...]
-    sidecar_gpu: str
-    """The sidecar's GPU status and reason, as its /status gives them."""
-    smi_problem: str | None
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Findings:
-    plan: str
-    startup_seconds: float
-    comparisons: tuple[Comparison, ...]
-    step_time: reports.StepTimeReport | None
-    initial: accounting.Switch
-    switches: tuple[accounting.SwitchAccount, ...]
-    profiles: tuple[accounting.ProfileAccount, ...]
-    all_requests: accounting.Latencies
-    samples: int
-    problems: tuple[str, ...]
 
 
 # -- the processes --------------------------------------------------------------------------------
@@ -287,6 +265,7 @@ class _Observed:
     snapshots: list[scraping.Snapshot] = dataclasses.field(default_factory=list)
     comparisons: list[Comparison] = dataclasses.field(default_factory=list)
     last_status: reports.StatusDocument | None = None
+    sent: int = 0
 
 
 async def _measure(
@@ -321,7 +300,7 @@ async def _measure(
             seen.snapshots.append(await _snapshot(server, clock))
             stop = asyncio.Event()
             sampler = asyncio.create_task(_sample(sidecar, plan, seen, stop, clock))
-            load = asyncio.create_task(
+            load: asyncio.Task[loadgen.LoadResult] = asyncio.create_task(
                 loadgen.run_load(
                     base_url=triton.http_url,
                     payload=payload,
@@ -332,7 +311,7 @@ async def _measure(
             )
             try:
                 await _drive(plan, runner, base, server, sidecar, seen, started, clock, out)
-                await load
+                seen.sent = len((await load).records)
             finally:
                 stop.set()
                 await sampler
@@ -356,6 +335,7 @@ def _record(record: loadgen.RequestRecord, seen: _Observed, clock: Callable[[], 
             sent=done - latency if latency is not None else done,
             latency=latency,
             succeeded=record.succeeded,
+            error=record.error,
         )
     )
 
@@ -467,6 +447,8 @@ def _findings(
         problems.append(f"the sidecar's /status has no {MODEL}")
     return Findings(
         plan=plan.describe(),
+        device=plan.device,
+        gpu=plan.gpu,
         startup_seconds=startup,
         comparisons=tuple(seen.comparisons),
         step_time=model.step_time if model else None,
@@ -480,7 +462,9 @@ def _findings(
             start=started,
             end=ended,
         ),
+        sent=seen.sent,
         all_requests=accounting.latencies(seen.requests),
+        failures=accounting.failure_kinds(seen.requests),
         samples=len(seen.samples),
         problems=tuple(problems),
     )
@@ -544,10 +528,12 @@ def render(findings: Findings) -> str:
     total = findings.all_requests
     lines += [
         "",
-        f"All requests: {total.requests} sent, {total.failed} failed; p50 {_ms(total.p50_ms)} ms, "
+        f"All requests: {findings.sent} sent, {total.requests} answered or failed, "
+        f"{total.failed} failed; p50 {_ms(total.p50_ms)} ms, "
         f"p99 {_ms(total.p99_ms)} ms, max {_ms(total.max_ms)} ms; Triton ready in "
         f"{findings.startup_seconds:.1f} s; {findings.samples} utilization samples.",
     ]
+    lines += [f"  failed: {kind}" for kind in findings.failures]
     return "\n".join(lines)
 
 

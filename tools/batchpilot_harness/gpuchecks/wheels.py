@@ -41,7 +41,9 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 BUDGET_MIB = 60.0
-DEFAULT_PYTHON = "3.11"
+DEFAULT_PYTHON = "3.12"
+"""The lent GPU machines' Python (3.12.3 on 2026-11-27, shared/FACTS.md); `run` says so when the
+carried wheels are for another."""
 MANIFEST = "manifest.json"
 _MIB = 1024 * 1024
 

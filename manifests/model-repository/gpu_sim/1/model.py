@@ -5,9 +5,12 @@ An execution of a batch of b inferences holds the server's one emulated device f
 sub-linear growth with the batch), with t0, c and alpha read from the `parameters` of
 config.pbtxt. The output is tanh of the input, so responses can be checked.
 
-The output goes to Triton by DLPack (NumPy arrays implement `__dlpack__`), not as an array: the
-Python-backend stub of Triton 2.51 was built against NumPy 1 and mis-sizes output arrays made by
-NumPy 2, which fails every request (see torch_mlp's model.py).
+The Python-backend stub of Triton 2.51 (the `nvidia-pytriton` wheel) was built against NumPy 1.
+Under NumPy 2 its array conversions are wrong both ways: output arrays are mis-sized (every
+request fails with HTTP 500) and input arrays repeat their first element (every answer is wrong,
+silently); there tensors cross by DLPack, which is right. Under NumPy 1 the conversions are right
+and DLPack from a NumPy array crashes the stub (a capsule of the wrong name), so the array
+conversions stay. tests/integration/test_numpy2.py runs both.
 """
 
 import json
@@ -15,6 +18,19 @@ import json
 import emulated_device
 import numpy as np
 import triton_python_backend_utils as pb_utils
+
+NUMPY_2 = int(np.__version__.split(".")[0]) >= 2
+
+
+def input_array(request):
+    tensor = pb_utils.get_input_tensor_by_name(request, "INPUT")
+    return np.from_dlpack(tensor) if NUMPY_2 else tensor.as_numpy()
+
+
+def output_tensor(values):
+    if NUMPY_2:
+        return pb_utils.Tensor.from_dlpack("OUTPUT", values)
+    return pb_utils.Tensor("OUTPUT", values)
 
 
 def _parameter(config, key):
@@ -37,14 +53,12 @@ class TritonPythonModel:
         return self._base_seconds + self._per_item_seconds * batch_size**self._exponent
 
     def execute(self, requests):
-        inputs = [pb_utils.get_input_tensor_by_name(r, "INPUT").as_numpy() for r in requests]
+        inputs = [input_array(r) for r in requests]
         batch_size = sum(len(x) for x in inputs)
         with self._device.occupied(batch_size=batch_size) as started:
             outputs = [np.tanh(x).astype(np.float32) for x in inputs]
             emulated_device.sleep_until(started + self.step_seconds(batch_size))
-        return [
-            pb_utils.InferenceResponse([pb_utils.Tensor.from_dlpack("OUTPUT", y)]) for y in outputs
-        ]
+        return [pb_utils.InferenceResponse([output_tensor(y)]) for y in outputs]
 
     def finalize(self):
         self._device.close()

@@ -9,10 +9,11 @@ busy (`make gpu-check` sets them; without them it is the CPU model the benchmark
 `device` (`cpu`, `cuda` or `cuda:N`), `hidden_width` and `hidden_layers`. The weights are drawn on
 the CPU from the seed and then moved, so a given shape computes the same function on every device.
 
-Tensors cross to and from Triton by DLPack, never as NumPy arrays: the Python-backend stub of
-Triton 2.51 (the `nvidia-pytriton` wheel) was built against NumPy 1 and mis-sizes output arrays
-made by NumPy 2 ("output tensor shape does not match size of output"), which failed every request
-on a GPU machine whose NumPy is 2.x. DLPack is a C struct, the same under both.
+Tensors cross to and from Triton by DLPack between torch and Triton, never as NumPy arrays: the
+Python-backend stub of Triton 2.51 (the `nvidia-pytriton` wheel) was built against NumPy 1, and
+under NumPy 2 it mis-sizes output arrays ("output tensor shape does not match size of output":
+every request of the first GPU check failed) and misreads input arrays. DLPack is a C struct,
+the same under both (tests/integration/test_numpy2.py).
 """
 
 import itertools
