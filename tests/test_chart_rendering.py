@@ -116,3 +116,37 @@ def test_the_sidecar_network_policy_needs_the_triton_namespaces() -> None:
     )
     assert rendered.returncode != 0
     assert "sidecarNetworkPolicy.namespaces or operator.namespaces" in rendered.stderr
+
+
+def dcgm_services(documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        service
+        for service in of_kind(documents, "Service")
+        if service["metadata"]["labels"].get("app.kubernetes.io/component")
+        == "dcgm-exporter-node-local"
+    ]
+
+
+@pytest.mark.timeout(60)
+def test_the_sidecars_reach_the_dcgm_exporter_of_their_own_node() -> None:
+    (service,) = dcgm_services(render("dcgmExporter.nodeLocalService.onlyIfNamespaceExists=false"))
+    assert service["metadata"] == service["metadata"] | {
+        "name": "batchpilot-dcgm-exporter",
+        "namespace": "gpu-operator",
+    }
+    assert service["spec"]["internalTrafficPolicy"] == "Local"
+    assert service["spec"]["selector"] == {"app": "nvidia-dcgm-exporter"}
+    assert service["spec"]["ports"] == [
+        {"name": "metrics", "port": 9400, "targetPort": 9400, "protocol": "TCP"}
+    ]
+
+
+@pytest.mark.timeout(60)
+def test_without_the_exporters_namespace_the_service_is_left_out() -> None:
+    # `helm template` sees no cluster, as an install sees no gpu-operator namespace.
+    assert dcgm_services(render()) == []
+    disabled = render(
+        "dcgmExporter.nodeLocalService.enabled=false",
+        "dcgmExporter.nodeLocalService.onlyIfNamespaceExists=false",
+    )
+    assert dcgm_services(disabled) == []

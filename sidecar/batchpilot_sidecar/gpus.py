@@ -43,6 +43,9 @@ from batchpilot_triton import responses
 
 Source = Literal["nvml", "dcgm"]
 NVML_RETRY_SECONDS = 60.0
+DCGM_RETRY_SECONDS = 30.0
+"""After a failed read of the DCGM exporter, the next is this much later: a cluster without one
+costs a lookup every half minute, not every reading."""
 
 _MIB = 1024.0 * 1024.0
 # DCGM exporter fields (its default counters) and how to turn them into our units.
@@ -326,24 +329,36 @@ class GpuMonitor:
         dcgm_url: str | None = None,
         pod: PodRef | None = None,
         timeout: float = 2.0,
+        dcgm_retry_seconds: float = DCGM_RETRY_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.nvml = nvml
         self.dcgm_url = dcgm_url
         self.pod = pod
         self.timeout = timeout
+        self.dcgm_retry_seconds = dcgm_retry_seconds
+        self._clock = clock
         self._session: aiohttp.ClientSession | None = None
+        self._resolver: responses.OwnThreadResolver | None = None
         self._nvml = threads.OneAtATime()
+        self._dcgm_failed: tuple[float, str] | None = None
+        """When the exporter last failed, and why: asked again only after the retry period."""
 
     async def read(self) -> GpuTelemetry:
         telemetry = await self._read_nvml()
         if telemetry.available or self.dcgm_url is None:
             return telemetry
+        if self._dcgm_failed is not None:
+            failed_at, why = self._dcgm_failed
+            if self._clock() < failed_at + self.dcgm_retry_seconds:
+                return GpuTelemetry(source=None, reason=f"{telemetry.reason}; {why}")
         try:
             readings = parse_dcgm(await self._dcgm_page(self.dcgm_url), pod=self.pod)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as error:
-            return GpuTelemetry(
-                source=None, reason=f"{telemetry.reason}; DCGM exporter {self.dcgm_url}: {error}"
-            )
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as error:
+            why = f"DCGM exporter {self.dcgm_url}: {error or type(error).__name__}"
+            self._dcgm_failed = (self._clock(), why)
+            return GpuTelemetry(source=None, reason=f"{telemetry.reason}; {why}")
+        self._dcgm_failed = None
         if not readings:
             whose = f" of Pod {self.pod.namespace or '*'}/{self.pod.name}" if self.pod else ""
             return GpuTelemetry(
@@ -369,10 +384,19 @@ class GpuMonitor:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        if self._resolver is not None:
+            await self._resolver.close()
+            self._resolver = None
 
     async def _dcgm_page(self, url: str) -> str:
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
+            # One name lookup at a time on a thread of its own: where the exporter's Service
+            # name does not resolve (a cluster without the GPU Operator), lookups cannot pile up.
+            self._resolver = responses.OwnThreadResolver()
+            connector = aiohttp.TCPConnector(resolver=self._resolver, limit=1)
+            self._session = aiohttp.ClientSession(
+                connector=connector, timeout=aiohttp.ClientTimeout(total=self.timeout)
+            )
         # Never followed: a redirect would send this read where the page's server says.
         async with self._session.get(url, allow_redirects=False) as response:
             if response.status != 200:

@@ -312,6 +312,36 @@ async def test_without_nvml_or_dcgm_both_reasons_are_given() -> None:
     assert telemetry.reason.startswith("NVML could not be initialised: Driver Not Loaded; DCGM")
 
 
+async def test_a_failed_exporter_is_asked_again_only_after_the_retry_period() -> None:
+    (port,) = local_triton.free_ports("127.0.0.1", 1)
+    now = [0.0]
+    monitor = gpus.GpuMonitor(
+        reader(FakeNvml()),
+        dcgm_url=f"http://127.0.0.1:{port}/metrics",
+        dcgm_retry_seconds=30,
+        clock=lambda: now[0],
+    )
+    async def page(_: web.Request) -> web.Response:
+        return web.Response(text=DCGM_PAGE)
+
+    app = web.Application()
+    app.router.add_get("/metrics", page)
+    runner = web.AppRunner(app, access_log=None)
+    try:
+        failed = await monitor.read()
+        assert failed.reason is not None
+        assert "Cannot connect" in failed.reason
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        now[0] = 10.0
+        assert (await monitor.read()).reason == failed.reason, "not asked within the period"
+        now[0] = 31.0
+        assert (await monitor.read()).source == "dcgm", "asked again after it"
+    finally:
+        await monitor.close()
+        await runner.cleanup()
+
+
 class HangingNvml(FakeNvml):
     """A driver whose device count blocks until released, counting the calls that blocked."""
 
