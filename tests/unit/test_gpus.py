@@ -321,6 +321,7 @@ async def test_a_failed_exporter_is_asked_again_only_after_the_retry_period() ->
         dcgm_retry_seconds=30,
         clock=lambda: now[0],
     )
+
     async def page(_: web.Request) -> web.Response:
         return web.Response(text=DCGM_PAGE)
 
