@@ -99,6 +99,7 @@ bench: venv deps k8s-bins llm-env images
 	$(PY) tests/benchmarks/bench_policy.py
 	$(PY) tests/benchmarks/bench_drain.py
 	$(PY) tests/benchmarks/bench_switch.py
+	$(PY) tests/benchmarks/bench_reload.py
 	$(PY) tests/benchmarks/bench_scale.py
 	$(PY) tests/benchmarks/bench_boundary.py
 	$(PY) tests/benchmarks/bench_chaos.py

@@ -11,6 +11,7 @@ import bench_chaos
 import bench_drain
 import bench_llm
 import bench_policy
+import bench_reload
 import bench_scale
 import bench_sidecar
 import bench_switch
@@ -53,6 +54,12 @@ def one_local_cluster() -> Iterator[None]:
             "batchpilot / best static bulk",
             id="llm",
             marks=pytest.mark.timeout(600),
+        ),
+        pytest.param(
+            bench_reload.main,
+            " grpc ",
+            id="reload",
+            marks=pytest.mark.timeout(180),
         ),
         pytest.param(
             bench_sidecar.main,
