@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from batchpilot_harness.gpuchecks import command_line, devices, plans, wheels
@@ -82,6 +84,18 @@ def test_without_a_gpu_it_exits_3_and_says_what_it_needs(
     assert err.startswith("gpu-check: no NVIDIA GPU here: NVML: NVML could not be initialised")
     assert "nvidia-smi: nvidia-smi not found on PATH." in err
     assert "make gpu-check needs a machine with an NVIDIA GPU" in err
+
+
+def test_its_first_line_says_what_it_stands_on(capsys: pytest.CaptureFixture[str]) -> None:
+    def h200() -> devices.Detection:
+        reading = devices.SmiReading(index=0, name="NVIDIA H200", driver_version="580.159")
+        return devices.Detection(nvml_gpus=("NVIDIA H200",), smi=(reading,))
+
+    assert command_line.main(["run", "--gpu=1"], detect=h200) == command_line.EXIT_USAGE
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith(f"gpu-check: Python {sys.version.split()[0]} ({sys.executable}); ")
+    assert f"; NumPy {np.__version__}; torch " in first
+    assert first.endswith("; driver 580.159; GPUs: NVIDIA H200")
 
 
 def test_a_gpu_index_it_does_not_have_is_a_usage_error(
