@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml tools/pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: venv deps images lint unit integration e2e e2e-kind kind-down test demo generate helm-lint dashboard-png bench bench-short gpu-check gpu-wheels grafana llm-env numpy2-env
+.PHONY: venv deps images lint unit integration e2e e2e-kind kind-down test demo generate helm-lint dashboard-png bench bench-short gpu-check gpu-wheels grafana llm-env numpy2-env docs docs-serve
 
 # The main job: a local Triton, the demo model, a policy and load; watch it switch.
 demo: venv
@@ -42,6 +42,19 @@ HELM = "$$($(PY) -c 'from batchpilot_cluster import locations; print(locations.b
 # fails when any is stale.
 generate: venv k8s-bins
 	$(PY) -m batchpilot_charts --helm $(HELM)
+	$(PY) -m batchpilot_docs
+
+# The documentation site (mkdocs.yml, docs/): the reference pages generated from the code
+# (batchpilot_docs), then the site into site/ (ignored) with warnings as errors, a broken
+# internal link or anchor included. tests/test_docs.py builds it the same way in `make test`.
+docs: venv
+	$(PY) -m batchpilot_docs
+	$(VENV)/bin/mkdocs build --strict
+
+# The site on http://127.0.0.1:8000, rebuilt on every edit.
+docs-serve: venv
+	$(PY) -m batchpilot_docs
+	$(VENV)/bin/mkdocs serve --strict --dev-addr 127.0.0.1:8000
 
 helm-lint: venv k8s-bins
 	$(HELM) lint --strict charts/batchpilot
@@ -53,7 +66,8 @@ dashboard-png: venv deps k8s-bins grafana
 
 # Debian packages the tests use, as tool:package (a tool is a command or an absolute path):
 # prometheus (the server and promtool); nftables (kube-proxy's nftables mode and the pod network's
-# filter), conntrack and iptables (to look at and clean up what kube-proxy does); mmdebstrap and
+# filter), conntrack and iptables (to look at and clean up what kube-proxy does); chromium (the
+# docs site loaded in a headless browser, tests/test_docs.py); mmdebstrap and
 # buildah (the images, `make images`), containerd and runc (which run them in
 # tests/integration/test_images_running.py); for the cluster's real node, the CNI plugins (bridge,
 # host-local, loopback), gcc and a static libc (the pause image). Only the packages of missing
@@ -63,7 +77,7 @@ dashboard-png: venv deps k8s-bins grafana
 DEBIAN_TOOLS := prometheus:prometheus promtool:prometheus nft:nftables conntrack:conntrack \
 	iptables:iptables mmdebstrap:mmdebstrap buildah:buildah containerd:containerd \
 	ctr:containerd runc:runc /usr/lib/cni/bridge:containernetworking-plugins gcc:gcc \
-	/usr/lib/x86_64-linux-gnu/libc.a:libc6-dev
+	/usr/lib/x86_64-linux-gnu/libc.a:libc6-dev chromium:chromium
 deps:
 	@missing=$$(for pair in $(DEBIAN_TOOLS); do tool=$${pair%%:*}; \
 	  { command -v $$tool || test -e $$tool; } >/dev/null || echo $${pair#*:}; done | sort -u | tr '\n' ' '); \
