@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import http.server
+import os
 import re
 import shlex
 import shutil
@@ -49,14 +50,8 @@ def mkdocs_build(config: Path, site: Path) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(config),
          "--site-dir", str(site)],
         capture_output=True, text=True, timeout=100, check=False, cwd=config.parent,
-        env={**_environment(), "NO_MKDOCS_2_WARNING": "1"},
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )  # fmt: skip
-
-
-def _environment() -> dict[str, str]:
-    import os
-
-    return dict(os.environ)
 
 
 @pytest.mark.timeout(60)
@@ -155,9 +150,9 @@ def test_every_command_shown_is_run(
             assert runs in (REPO / test).read_text(encoding="utf-8"), (command, test)
             continue
         program, *arguments = shlex.split(command)
-        assert program == "batchpilot" and arguments[0] == "explain", (
-            f"{page.name} shows `{command}`: run it here or name the test that does"
-        )
+        unknown = f"{page.name} shows `{command}`: run it here or name the test that does"
+        assert program == "batchpilot", unknown
+        assert arguments[0] == "explain", unknown
         assert cli.main(arguments) == 0, command
         printed = capsys.readouterr().out.splitlines()
         expected = [line for line in shown if line.strip() != "..."]

@@ -39,9 +39,7 @@ def stale_pages(pages: dict[Path, str]) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog=formats.GENERATOR, description=__doc__.splitlines()[0]
-    )
+    parser = argparse.ArgumentParser(prog=formats.GENERATOR, description=__doc__.splitlines()[0])
     parser.add_argument(
         "--repository",
         type=Path,

@@ -60,6 +60,16 @@ def _type(path: str, schema: Mapping[str, Any]) -> str:
     return f"{kind} ({schema['format']})" if "format" in schema else kind
 
 
+_SIZES = {
+    "minLength": "at least {} characters",
+    "maxLength": "at most {} characters",
+    "minItems": "at least {} items",
+    "maxItems": "at most {} items",
+    "minProperties": "at least {} entries",
+    "maxProperties": "at most {} entries",
+}
+
+
 def _bounds(schema: Mapping[str, Any]) -> list[str]:
     bounds = []
     if "enum" in schema:
@@ -70,9 +80,7 @@ def _bounds(schema: Mapping[str, Any]) -> list[str]:
     for key, words in (("minimum", low), ("maximum", "at most")):
         if key in schema:
             bounds.append(f"{words} {formats.code(schema[key])}")
-    for key, words in (("minLength", "at least {} characters"), ("maxLength", "at most {} characters"),
-                       ("minItems", "at least {} items"), ("maxItems", "at most {} items"),
-                       ("minProperties", "at least {} entries"), ("maxProperties", "at most {} entries")):  # fmt: skip
+    for key, words in _SIZES.items():
         if key in schema:
             bounds.append(words.format(schema[key]))
     if "pattern" in schema:
@@ -126,9 +134,16 @@ def _rules(section: ObjectSection) -> str:
     rules = section.schema.get("x-kubernetes-validations", [])
     if not rules:
         return ""
-    lines = ["Rules the API server checks on admission (and `batchpilot run` and `explain` on reading):", ""]
+    lines = [
+        "Rules the API server checks on admission (and `batchpilot run` and `explain` on reading):",
+        "",
+    ]
     for rule in rules:
-        where = f" (reported at {formats.code(section.path + rule['fieldPath'])})" if "fieldPath" in rule else ""
+        where = (
+            f" (reported at {formats.code(section.path + rule['fieldPath'])})"
+            if "fieldPath" in rule
+            else ""
+        )
         lines.append(f"- {rule['message']}{where}. CEL: {formats.code(rule['rule'])}")
     return "\n".join(lines) + "\n"
 

@@ -30,7 +30,9 @@ def _controller_rows() -> list[tuple[str, str, str, str]]:
             (described,) = value.describe()
             # The label names are only kept privately; they are what the collector was built with.
             labels = ", ".join(value._labelnames)
-            rows.append((formats.code(_exported(value)), described.type, labels, described.documentation))
+            rows.append(
+                (formats.code(_exported(value)), described.type, labels, described.documentation)
+            )
     return rows
 
 
@@ -72,6 +74,10 @@ was not measured is not exported. [Its endpoints](sidecar-endpoints.md) say more
     )
 
 
+def _fires(alert: alerts.Alert) -> str:
+    return f"after {alert.for_}" if alert.for_ else "at once"
+
+
 def alerts_page() -> str:
     """docs/reference/alerts.md."""
     parts = [
@@ -81,9 +87,14 @@ def alerts_page() -> str:
         "(`grafana.alerts.enabled`) carry these rules, rendered from one table. Texts in "
         "`{{ }}` are filled in by Prometheus or Grafana when the alert fires.\n",
         formats.table(
-            ("Alert", "Severity", "Fires after", "Summary"),
+            ("Alert", "Severity", "Fires", "Summary"),
             [
-                (f"[`{alert.name}`](#{alert.name.lower()})", alert.severity, alert.for_ or "at once", alert.summary)
+                (
+                    f"[`{alert.name}`](#{alert.name.lower()})",
+                    alert.severity,
+                    _fires(alert),
+                    alert.summary,
+                )
                 for alert in alerts.ALERTS
             ],
         ),
@@ -92,7 +103,7 @@ def alerts_page() -> str:
         parts += [
             f"## `{alert.name}` {{#{alert.name.lower()}}}\n",
             f"{alert.description}\n",
-            f"Severity {alert.severity}; fires {'after ' + alert.for_ if alert.for_ else 'at once'}; "
+            f"Severity {alert.severity}; fires {_fires(alert)}; "
             f"the dashboard panel to look at first: *{alert.panel}*.\n",
             "```promql",
             alert.expr,
