@@ -26,9 +26,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from batchpilot import cli
-from batchpilot_docs import generating
+from batchpilot.api import crds, documents
+from batchpilot.api.v1alpha1 import specs
+from batchpilot_docs import generating, policies
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
@@ -66,6 +69,8 @@ def test_generate_writes_every_page_and_check_names_a_stale_one_without_writing(
 ) -> None:
     shutil.copytree(REPO / "manifests" / "policies", tmp_path / "manifests" / "policies")
     shutil.copy(REPO / "manifests" / "batchpolicy.yaml", tmp_path / "manifests")
+    (tmp_path / "docs" / "examples").mkdir(parents=True)
+    shutil.copy(REPO / policies.EVERY_FIELD, tmp_path / policies.EVERY_FIELD)
     arguments = ["--repository", str(tmp_path)]
 
     assert generating.main(arguments) == 0
@@ -85,10 +90,26 @@ def test_the_reference_names_every_field_with_its_bounds_and_rules() -> None:
     reference = (DOCS / "reference" / "batchpolicy.md").read_text(encoding="utf-8")
     assert "### `spec.rollout.canary` {#spec-rollout-canary}" in reference
     row = next(line for line in reference.splitlines() if line.startswith("| `analysisSeconds`"))
-    assert "| integer | `120` | at least `10`; at most `3600` |" in row
+    assert "| integer | `120` | `10` to `3600` |" in row
     assert "defaultProfile must name one of spec.profiles (reported at `spec.defaultProfile`)" in (
         reference
     )
+
+
+def test_every_field_of_the_spec_has_an_example_that_the_api_accepts() -> None:
+    for document in yaml.safe_load_all((REPO / policies.EVERY_FIELD).read_text("utf-8")):
+        documents.parse_document(document)
+    samples = policies.sample_values(REPO)
+    schema = crds.openapi_schema(specs.BatchPolicySpec)
+    leaves = [
+        f"{section.path}.{field}"
+        for section in policies.objects("spec", schema)
+        for field, child in section.schema["properties"].items()
+        if "properties" not in child
+    ]
+    assert "spec.rollout.canary.onInconclusive" in leaves
+    missing = [path for path in leaves if path not in samples]
+    assert not missing, f"no example in manifests/ or {policies.EVERY_FIELD}: {missing}"
 
 
 @pytest.fixture(scope="module")

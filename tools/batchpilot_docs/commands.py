@@ -30,15 +30,16 @@ def _help_texts(parser: argparse.ArgumentParser) -> dict[str, str]:
 
 
 def _option(action: argparse.Action) -> tuple[str, str, str, str]:
+    if action.choices is not None:
+        metavar = "{" + ",".join(str(choice) for choice in action.choices) + "}"
+    else:
+        metavar = str(action.metavar or action.dest.upper())
     if action.option_strings:
         spelled = ", ".join(action.option_strings)
         if action.nargs != 0:
-            metavar = action.metavar or action.dest.upper()
             spelled += f" {metavar}"
     else:
-        spelled = str(action.metavar or action.dest)
-    if action.choices is not None:
-        spelled += " {" + ",".join(str(choice) for choice in action.choices) + "}"
+        spelled = metavar
     default = action.default
     shown = (
         "required"
@@ -53,7 +54,8 @@ def _option(action: argparse.Action) -> tuple[str, str, str, str]:
 
 def _section(name: str, summary: str, parser: argparse.ArgumentParser) -> str:
     usage = " ".join(parser.format_usage().removeprefix("usage: ").split())
-    parts = [f"## `batchpilot {name}`", "", summary.rstrip(".") + ".", ""]
+    sentence = summary[:1].upper() + summary[1:].rstrip(".") + "."
+    parts = [f"## `batchpilot {name}`", "", sentence, ""]
     parts += ["```text", usage, "```", ""]
     if parser.description:
         parts += [parser.description, ""]
@@ -80,10 +82,9 @@ def page() -> str:
     ]
     intro = f"""# Command line
 
-`batchpilot` ({parser.description}) is one command with subcommands; `batchpilot COMMAND
---help` prints the same as this page. `batchpilot sidecar` comes with the sidecar's
-distribution and `batchpilot demo` with the tooling's (`tools/`); an installation without them
-says so.
+{parser.description} `batchpilot` is one command with subcommands, and `batchpilot COMMAND
+--help` says what this page says. `batchpilot sidecar` comes with the sidecar's distribution and
+`batchpilot demo` with the tooling's (`tools/`); an installation without them says so.
 
 """
     return formats.header("the argparse parsers of batchpilot.cli") + intro + "\n".join(sections)

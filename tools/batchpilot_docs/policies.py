@@ -20,6 +20,8 @@ from batchpilot.api.v1alpha1 import specs, statuses
 from batchpilot_docs import formats
 
 SAMPLES = (Path("manifests") / "batchpolicy.yaml", Path("manifests") / "policies")
+EVERY_FIELD = Path("docs") / "examples" / "every-field.yaml"
+"""Examples of the fields the samples leave out; the samples' own values come first."""
 
 
 @dataclass(frozen=True)
@@ -60,14 +62,7 @@ def _type(path: str, schema: Mapping[str, Any]) -> str:
     return f"{kind} ({schema['format']})" if "format" in schema else kind
 
 
-_SIZES = {
-    "minLength": "at least {} characters",
-    "maxLength": "at most {} characters",
-    "minItems": "at least {} items",
-    "maxItems": "at most {} items",
-    "minProperties": "at least {} entries",
-    "maxProperties": "at most {} entries",
-}
+_SIZES = {"Length": "characters", "Items": "items", "Properties": "entries"}
 
 
 def _bounds(schema: Mapping[str, Any]) -> list[str]:
@@ -76,13 +71,23 @@ def _bounds(schema: Mapping[str, Any]) -> list[str]:
         bounds.append("one of " + ", ".join(formats.code(value) for value in schema["enum"]))
     if "items" in schema and "enum" in schema["items"]:
         bounds.append("each one of " + ", ".join(formats.code(v) for v in schema["items"]["enum"]))
-    low = "more than" if schema.get("exclusiveMinimum") is True else "at least"
-    for key, words in (("minimum", low), ("maximum", "at most")):
-        if key in schema:
-            bounds.append(f"{words} {formats.code(schema[key])}")
-    for key, words in _SIZES.items():
-        if key in schema:
-            bounds.append(words.format(schema[key]))
+    low, high = schema.get("minimum"), schema.get("maximum")
+    above = "more than" if schema.get("exclusiveMinimum") is True else "at least"
+    if low is not None and high is not None and above == "at least":
+        bounds.append(f"{formats.code(low)} to {formats.code(high)}")
+    else:
+        if low is not None:
+            bounds.append(f"{above} {formats.code(low)}")
+        if high is not None:
+            bounds.append(f"at most {formats.code(high)}")
+    for key, unit in _SIZES.items():
+        fewest, most = schema.get(f"min{key}"), schema.get(f"max{key}")
+        if fewest is not None and most is not None:
+            bounds.append(f"{fewest} to {most} {unit}")
+        elif fewest is not None:
+            bounds.append(f"at least {fewest} {unit}")
+        elif most is not None:
+            bounds.append(f"at most {most} {unit}")
     if "pattern" in schema:
         bounds.append(f"matches {formats.code(schema['pattern'])}")
     for nested in ("items", "additionalProperties"):
@@ -112,7 +117,11 @@ def sample_values(repository: Path) -> dict[str, list[Any]]:
                 walk(f"{path}[]", item, schema["items"])
 
     spec_schema = crds.openapi_schema(specs.BatchPolicySpec)
-    files = [repository / SAMPLES[0], *sorted((repository / SAMPLES[1]).glob("*.yaml"))]
+    files = [
+        repository / SAMPLES[0],
+        *sorted((repository / SAMPLES[1]).glob("*.yaml")),
+        repository / EVERY_FIELD,
+    ]
     for file in files:
         for document in yaml.safe_load_all(file.read_text(encoding="utf-8")):
             if isinstance(document, dict) and document.get("kind") == names.KIND:
@@ -184,14 +193,15 @@ def page(repository: Path) -> str:
     sample = (repository / SAMPLES[0]).read_text(encoding="utf-8")
     spec = list(objects("spec", crds.openapi_schema(specs.BatchPolicySpec)))
     status = list(objects("status", crds.openapi_schema(statuses.BatchPolicyStatus)))
+    short_names = ", ".join(formats.code(name) for name in names.SHORT_NAMES)
     intro = f"""# BatchPolicy reference
 
-`{names.KIND}` (`{names.GROUP}/{v1alpha1.VERSION}`, short names
-{", ".join(formats.code(n) for n in names.SHORT_NAMES)}) is namespaced. Every field below, with
-its type, default, bounds and the cross-field rules, comes from the API models in
-`operator/batchpilot/api` through the same schema the CRD carries, so `kubectl explain
-batchpolicy.spec` says the same. Examples are values the sample policies in `manifests/` set.
-Fields are camelCase; a field marked required must be given, every other may be left out.
+`{names.KIND}` (`{names.GROUP}/{v1alpha1.VERSION}`, short names {short_names}) is a namespaced
+resource. Every field below, with its type, default, bounds and cross-field rules, comes from the
+API models in `operator/batchpilot/api` through the schema the CRD carries, so `kubectl explain
+batchpolicy.spec` says the same. Fields are camelCase; a field marked required must be given,
+any other may be left out. Examples are values the sample policies in `manifests/` set, and
+`docs/examples/every-field.yaml` for the fields they leave out.
 
 The sample policy, `manifests/batchpolicy.yaml`:
 
