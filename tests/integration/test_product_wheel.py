@@ -16,7 +16,13 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 PRODUCT = {"batchpilot", "batchpilot_sidecar", "batchpilot_triton"}
-TOOLING = {"batchpilot_harness", "batchpilot_charts", "batchpilot_cluster", "batchpilot_testbed"}
+TOOLING = {
+    "batchpilot_harness",
+    "batchpilot_charts",
+    "batchpilot_cluster",
+    "batchpilot_testbed",
+    "batchpilot_docs",
+}
 
 
 @pytest.fixture(scope="module")
