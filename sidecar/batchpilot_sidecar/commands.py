@@ -12,7 +12,7 @@ import asyncio
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from batchpilot_triton import endpoints
@@ -27,6 +27,17 @@ DESCRIPTION = (
     "/v1/models/MODEL/engine-arguments, for the operator. Works without a GPU and says so. Stops "
     "cleanly on SIGTERM or Ctrl-C."
 )
+
+
+def default_pod_name(environment: Mapping[str, str]) -> str | None:
+    """The Pod this sidecar runs in: $POD_NAME (the manifests set it from the downward API), else
+    the Pod's hostname, but only in a Kubernetes Pod: elsewhere $HOSTNAME names a machine, and a
+    DCGM page without Pod labels there is the machine's own."""
+    if environment.get("POD_NAME"):
+        return environment["POD_NAME"]
+    if environment.get("KUBERNETES_SERVICE_HOST"):
+        return environment.get("HOSTNAME") or None
+    return None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,9 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--pod-name",
-        default=os.environ.get("POD_NAME") or os.environ.get("HOSTNAME"),
-        help="keep only this pod's GPUs on a DCGM page that maps pods (default: $POD_NAME, "
-        "else $HOSTNAME)",
+        default=default_pod_name(os.environ),
+        help="keep only this Pod's GPUs of a DCGM exporter's page (default: $POD_NAME, else "
+        "$HOSTNAME in a Kubernetes Pod; outside one, every GPU of the page)",
     )
     parser.add_argument(
         "--pod-namespace",

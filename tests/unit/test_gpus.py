@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 
 from batchpilot_harness import local_triton
-from batchpilot_sidecar import gpus
+from batchpilot_sidecar import commands, gpus
 from fake_nvml import GIB, FakeGpu, FakeNvml
 
 
@@ -375,3 +375,19 @@ async def test_a_hanging_driver_costs_a_read_its_deadline_and_one_thread_not_one
     finally:
         nvml.release.set()
         await monitor.close()
+
+
+@pytest.mark.parametrize(
+    ("environment", "expected"),
+    [
+        ({"POD_NAME": "triton-0", "HOSTNAME": "triton-0"}, "triton-0"),
+        ({"HOSTNAME": "triton-1", "KUBERNETES_SERVICE_HOST": "10.0.0.1"}, "triton-1"),
+        # Outside a Pod the hostname names the machine, whose DCGM page is all its own.
+        ({"HOSTNAME": "gpu-box"}, None),
+        ({}, None),
+    ],
+)
+def test_the_sidecar_looks_for_its_pod_only_in_a_pod(
+    environment: dict[str, str], expected: str | None
+) -> None:
+    assert commands.default_pod_name(environment) == expected
