@@ -157,10 +157,23 @@ e2e: venv deps k8s-bins images
 # Everything CI runs (.ci/run): linters, unit and integration tests, the e2e suite, and the
 # benchmarks in their short modes (figures printed, nothing about speed asserted). Each run lists
 # its slowest tests, to keep the whole under 45 minutes.
-test: lint deps k8s-bins grafana llm-env numpy2-env images
-	$(PY) -m pytest tests --durations=15
-	$(PY) -m pytest e2e --e2e --durations=15
-	$(PY) -m pytest tests/benchmarks -m benchmark -s --durations=0
+# Each stage is timed (batchpilot_harness.suite_timings), and so is each test's setup, body and
+# teardown; the end prints the stages' times and the 25 slowest tests with what they wait on,
+# also when a stage fails, so CI's log always says where the time went. (`make`, not $(MAKE):
+# `make -n test` must print this recipe, not run it.)
+TIMED := $(PY) -m batchpilot_harness.suite_timings
+TIMED_PYTEST := $(PY) -m pytest -p batchpilot_harness.suite_timings
+test: venv
+	@$(TIMED) reset
+	@status=0; \
+	run() { [ $$status -ne 0 ] || $(TIMED) stage "$$@" || status=$$?; }; \
+	run lint -- make --no-print-directory lint; \
+	run builds -- make --no-print-directory deps k8s-bins grafana llm-env numpy2-env images; \
+	run tests -- $(TIMED_PYTEST) tests --durations=15; \
+	run e2e -- $(TIMED_PYTEST) e2e --e2e --durations=15; \
+	run benchmarks -- $(TIMED_PYTEST) tests/benchmarks -m benchmark -s --durations=0; \
+	$(TIMED) report; \
+	exit $$status
 
 # The e2e control plane: Kubernetes, etcd, kwok and helm built from Go modules once per version
 # into ${BATCHPILOT_CACHE:-~/.cache/batchpilot} (slow the first time), run on loopback from .run/.
