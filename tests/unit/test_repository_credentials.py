@@ -224,11 +224,13 @@ async def test_the_runner_takes_the_value_from_a_file_or_the_environment_never_a
 ) -> None:
     from batchpilot import cli
 
-    named = specs.RepositoryCredential.model_validate({"secretName": "x", "header": "my-header"})
+    named = specs.RepositoryCredential.model_validate(
+        {"secretName": "x", "header": "triton-admin-key"}
+    )
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n", encoding="utf-8")
     from_file = cli._repository_credential(token_file)
-    assert await from_file.repository_headers("", named) == {"my-header": TOKEN}
+    assert await from_file.repository_headers("", named) == {"triton-admin-key": TOKEN}
     assert await from_file.repository_headers("", None) == HEADER
     monkeypatch.setenv(cli.REPOSITORY_TOKEN_ENV, TOKEN)
     assert await cli._repository_credential(None).repository_headers("", None) == HEADER

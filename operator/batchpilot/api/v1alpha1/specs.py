@@ -297,6 +297,8 @@ class LabelSelector(Model):
 
 
 DEFAULT_REPOSITORY_HEADER = "batchpilot-repository-token"
+REPOSITORY_HEADER_PATTERN = r"^(batchpilot|triton)-[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+"""No standard or hop-by-hop header starts with either prefix."""
 
 
 class RepositoryCredential(Model):
@@ -320,10 +322,12 @@ class RepositoryCredential(Model):
     key: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")] = "token"
     """The Secret's data key that holds the value."""
     header: Annotated[
-        str, Field(min_length=1, max_length=64, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+        str, Field(min_length=1, max_length=64, pattern=REPOSITORY_HEADER_PATTERN)
     ] = DEFAULT_REPOSITORY_HEADER
     """The header's name, lower case (gRPC metadata keys are): the `<header>` in Triton's
-    restricted-API flags."""
+    restricted-API flags. It starts with `batchpilot-` or `triton-`, so it is never a header
+    that HTTP or a proxy acts on (Content-Length, Expect, Host, Connection, ...): a server
+    that chokes on such a header may quote it, value and all, in its error answer."""
 
 
 class Target(Model):
@@ -521,11 +525,21 @@ class LoadRule(Model):
         return durations.parse_duration(self.hold_for)
 
 
+PROMETHEUS_URL_PATTERN = (
+    r"^https?://([A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])"
+    r"(:[0-9]{1,5})?(/[-A-Za-z0-9._~%/]*)?$"
+)
+"""Scheme, host, port and path: a query or fragment would add to (or replace) the operator's
+own queries, and user information has no place in a policy anyone in its namespace reads."""
+
+
 class PrometheusSource(Model):
     """Where to query load signals when load.source is prometheus."""
 
-    url: Annotated[str, Field(max_length=2048, pattern=r"^https?://")]
-    """Base URL of the Prometheus HTTP API, e.g. http://prometheus.monitoring:9090."""
+    url: Annotated[str, Field(max_length=2048, pattern=PROMETHEUS_URL_PATTERN)]
+    """Base URL of the Prometheus HTTP API, e.g. http://prometheus.monitoring:9090: a scheme,
+    a host, an optional port and an optional path, nothing else (no query, fragment or user:
+    batchpilot writes every query itself)."""
 
 
 class Load(Model):
