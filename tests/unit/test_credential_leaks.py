@@ -1,5 +1,7 @@
 """The repository credential goes to Triton and nowhere else, and nothing a policy's author
-reads ever repeats it (issue 39, findings 1 and 2).
+reads ever repeats it; no client follows a redirect; a Prometheus URL is an address, never a
+query (issue 39, findings 1, 2 and 3). Each refusal of a policy is checked twice: by the parser
+and by the CRD as the API server applies it (`crd_checks`).
 
 The servers are real HTTP servers on loopback, each written as the attacker would want them:
 one that quotes back every request header (in its body, in its `error`, in its reason phrase),
@@ -12,6 +14,7 @@ import json
 import logging
 from typing import Any
 
+import crd_checks
 import prometheus_client
 import pydantic
 import pytest
@@ -168,11 +171,21 @@ class _NoSignals:
 def test_a_header_that_http_or_a_proxy_acts_on_is_refused(header: str) -> None:
     with pytest.raises(pydantic.ValidationError, match="header"):
         specs.RepositoryCredential.model_validate({"secretName": "s", "header": header})
+    credential = {"secretName": "s", "header": header}
+    assert crd_checks.admission_errors(locked_spec(credential)) != []
 
 
 def test_the_credential_header_is_named_under_a_prefix_no_standard_header_has() -> None:
     for header in (HEADER, "batchpilot-admin-key", "triton-repository-token"):
-        assert specs.RepositoryCredential.model_validate({"secretName": "s", "header": header})
+        credential = {"secretName": "s", "header": header}
+        assert specs.RepositoryCredential.model_validate(credential)
+        assert crd_checks.admission_errors(locked_spec(credential)) == []
+
+
+def locked_spec(credential: dict[str, str]) -> dict[str, Any]:
+    return spec_document(
+        target={"selector": {"matchLabels": {"app": "t"}}, "repositoryCredential": credential}
+    )
 
 
 @pytest.mark.parametrize("header", [HEADER, "content-length"])
@@ -283,3 +296,42 @@ async def test_no_client_follows_a_redirect(serve_app: ServeApp, client: Any) ->
     assert seen == []
     assert "redirect" in problem
     assert elsewhere not in problem
+
+
+# --- Finding 3: the Prometheus URL ---------------------------------------------------------------
+
+
+def prometheus_spec(url: str) -> dict[str, Any]:
+    return spec_document(load={"source": "prometheus", "prometheus": {"url": url}})
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://prometheus:9090/api/v1/query?query=vector(1e9)#",
+        "http://prometheus:9090/?query=up",
+        "http://prometheus:9090#/api",
+        "http://user:password@prometheus:9090",
+        "http://prometheus:9090/a b",
+        "ftp://prometheus:9090",
+        "http://",
+    ],
+)
+def test_a_prometheus_url_with_more_than_an_address_is_refused(url: str) -> None:
+    with pytest.raises(documents.PolicyError, match=r"prometheus\.url"):
+        documents.parse_spec(prometheus_spec(url))
+    assert crd_checks.admission_errors(prometheus_spec(url)) != []
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://prometheus.monitoring:9090",
+        "https://prometheus.monitoring.svc.cluster.local:9090/",
+        "http://10.0.0.5:9090/prometheus",
+        "http://[fd00::5]:9090",
+    ],
+)
+def test_a_prometheus_url_of_scheme_host_port_and_path_is_taken(url: str) -> None:
+    assert documents.parse_spec(prometheus_spec(url)).load.prometheus is not None
+    assert crd_checks.admission_errors(prometheus_spec(url)) == []
