@@ -335,3 +335,52 @@ def test_a_prometheus_url_with_more_than_an_address_is_refused(url: str) -> None
 def test_a_prometheus_url_of_scheme_host_port_and_path_is_taken(url: str) -> None:
     assert documents.parse_spec(prometheus_spec(url)).load.prometheus is not None
     assert crd_checks.admission_errors(prometheus_spec(url)) == []
+
+
+# --- Finding 6: bounds of what a policy selects and names ---------------------------------------
+
+
+def target_spec(**target: Any) -> dict[str, Any]:
+    return spec_document(target={"selector": {"matchLabels": {"app": "t"}}, **target})
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        {"selector": {"matchExpressions": [{"key": "unused", "operator": "DoesNotExist"}]}},
+        {"selector": {"matchExpressions": [{"key": "a", "operator": "NotIn", "values": ["x"]}]}},
+        {"selector": {"matchLabels": {f"k{n}": "v" for n in range(17)}}},
+        {"selector": {"matchLabels": {"app": "v" * 64}}},
+        {"selector": {"matchLabels": {"k" * 318: "v"}}},
+        {"port": 70000},
+        {"port": 0},
+        {"port": "70000"},
+        {"port": "p" * 5000},
+        {"sidecarPort": "Not_A_Name"},
+    ],
+)
+def test_a_target_without_bounds_is_refused(target: dict[str, Any]) -> None:
+    with pytest.raises(documents.PolicyError):
+        documents.parse_spec(target_spec(**target))
+    assert crd_checks.admission_errors(target_spec(**target)) != []
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        {"selector": {"matchExpressions": [{"key": "app", "operator": "Exists"}]}},
+        {
+            "selector": {
+                "matchExpressions": [
+                    {"key": "app", "operator": "In", "values": ["triton"]},
+                    {"key": "canary", "operator": "DoesNotExist"},
+                ]
+            }
+        },
+        {"port": 65535, "sidecarPort": "sidecar"},
+        {"port": "8000", "sidecarPort": "batchpilot-side"},
+    ],
+)
+def test_a_bounded_target_is_taken(target: dict[str, Any]) -> None:
+    assert documents.parse_spec(target_spec(**target))
+    assert crd_checks.admission_errors(target_spec(**target)) == []
