@@ -24,7 +24,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
 
 ENGINE_ARGUMENTS_FILE = "model.json"
 MAX_NUM_SEQS = 4096
@@ -120,8 +119,9 @@ def _url_credentials(value: str) -> bool:
         return False
     if _URL_CREDENTIALS.match(value):
         return True
-    query = urlsplit(value).query
-    return any(is_credential_name(name) for name, _ in parse_qsl(query, keep_blank_values=True))
+    # By hand: urllib is network code as far as the layers go, and this needs only the names.
+    query = value.partition("#")[0].partition("?")[2]
+    return any(is_credential_name(pair.partition("=")[0]) for pair in query.split("&") if pair)
 
 
 def without_credentials(found: RepositoryArguments) -> RepositoryArguments:
