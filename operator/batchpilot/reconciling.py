@@ -204,6 +204,11 @@ async def _unsurveyed() -> rollouts.Survey:
     return rollouts.Survey(models={}, unreachable={})
 
 
+def _refused_credential(error: servers.TritonError) -> bool:
+    """Triton refused the credential's value (not a server that is no Triton)."""
+    return isinstance(error, servers.RepositoryLocked) and not isinstance(error, servers.NotTriton)
+
+
 def _no_credentials() -> credentials.CredentialSource:
     return credentials.NoCredentials()
 
@@ -368,6 +373,8 @@ class Reconciler:
         survey, reading = await asyncio.gather(
             surveyed, self._signals(namespace, policy, replicas, state)
         )
+        if any(_refused_credential(error) for error in survey.unreachable.values()):
+            self.credentials.forget(namespace, policy.target.repository_credential)
         lead = leads.lead_for(
             policy,
             replicas=len(replicas),
