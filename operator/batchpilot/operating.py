@@ -45,6 +45,7 @@ class Options:
     metrics_host: str = "0.0.0.0"  # noqa: S104 - scraped by Prometheus from outside the Pod
     metrics_port: int | None = 9402
     verbose: bool = False
+    limits: governing.Limits = field(default_factory=governing.Limits)
 
 
 def signal_sources(fleet: fleets.TritonFleet) -> reconciling.SignalSourceFactory:
@@ -336,6 +337,7 @@ def build_controller(options: Options) -> Controller:
         metrics=metrics,
         settle_seconds=options.settle_seconds,
         credential_source=secret_credentials.SecretCredentials(kube),
+        limits=options.limits,
     )
     controller = Controller(
         options=options,
