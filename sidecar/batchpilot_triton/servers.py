@@ -257,7 +257,8 @@ class TritonServer:
 
     def _refusal(self, what: str, error: _Refused) -> TritonError:
         said = error.said
-        message = self._redacted(responses.excerpt(said))
+        # Taken out before the excerpt is cut: a cut value would no longer match.
+        message = responses.excerpt(self._redacted(said))
         if _RESTRICTED in said:
             return RepositoryLocked(
                 self.url,
@@ -422,13 +423,14 @@ class TritonServer:
 
 
 async def _error_message(response: aiohttp.ClientResponse) -> str:
-    """Triton's `error` of an error answer (an excerpt), else its status and reason only: a
-    body in any other shape is not Triton's words, and may be a request quoted back."""
-    refused = responses.refusal(response.status, response.reason)
+    """Triton's `error` of an error answer, else its status and reason only: a body in any
+    other shape is not Triton's words, and may be a request quoted back. Whole (up to
+    ERROR_BYTES): the caller takes the credential out, then cuts an excerpt."""
+    refused = f"HTTP {response.status} {response.reason or ''}".rstrip()
     try:
         answer = await responses.read_capped(response, responses.ERROR_BYTES)
         document = json.loads(answer)
     except (responses.TooLarge, ValueError):
         return refused
     found = document.get("error") if isinstance(document, dict) else None
-    return responses.excerpt(found) if isinstance(found, str) and found.strip() else refused
+    return found if isinstance(found, str) and found.strip() else refused

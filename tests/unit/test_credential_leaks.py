@@ -61,6 +61,9 @@ def echoing_triton(style: str, seen: list[dict[str, str]]) -> web.Application:
         quoted = quoted_headers(request)
         if style == "json":
             return web.json_response({"error": f"bad request ({quoted})"}, status=400)
+        if style == "cut":  # the value where an excerpt of 160 characters cuts it
+            said = "y" * 150 + str(request.headers.get(HEADER))
+            return web.json_response({"error": said}, status=400)
         if style == "reason":
             return web.Response(status=400, reason=f"Bad {request.headers.get(HEADER)}")
         return web.Response(status=400, text=f"Invalid character in header: {quoted}")
@@ -89,7 +92,7 @@ def recording_app(seen: list[dict[str, str]]) -> web.Application:
     return app
 
 
-@pytest.mark.parametrize("style", ["text", "json", "reason"])
+@pytest.mark.parametrize("style", ["text", "json", "cut", "reason"])
 @pytest.mark.timeout(30)
 async def test_no_output_of_a_run_repeats_the_credential_a_server_quoted_back(
     serve_app: ServeApp,
@@ -137,6 +140,7 @@ async def test_no_output_of_a_run_repeats_the_credential_a_server_quoted_back(
     }
     assert "model index" in outputs["log"], "the failed call was reported"
     assert [where for where, text in outputs.items() if TOKEN in text] == []
+    assert [where for where, text in outputs.items() if TOKEN[:8] in text] == [], "a cut value"
 
 
 class _NoSignals:
