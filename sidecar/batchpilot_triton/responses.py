@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import http
 import socket
 import types
 from typing import Any
@@ -137,9 +138,14 @@ def client_error_text(error: BaseException) -> str:
     return f"the answer could not be read ({type(error).__name__})"
 
 
-def refusal(status: int, reason: str | None) -> str:
-    """An HTTP error answer as its status and reason only, never its body."""
-    return f"HTTP {status} {excerpt(reason or '', 60)}".rstrip()
+def refusal(status: int, reason: str | None = None) -> str:
+    """An HTTP error answer as its status and the standard phrase for it: never its body, nor
+    the reason phrase the server chose (a server may put anything there)."""
+    try:
+        phrase = http.HTTPStatus(status).phrase
+    except ValueError:
+        phrase = ""
+    return f"HTTP {status} {phrase}".rstrip()
 
 
 async def read_capped(response: aiohttp.ClientResponse, limit: int) -> bytes:

@@ -388,3 +388,25 @@ def test_a_target_without_bounds_is_refused(target: dict[str, Any]) -> None:
 def test_a_bounded_target_is_taken(target: dict[str, Any]) -> None:
     assert documents.parse_spec(target_spec(**target))
     assert crd_checks.admission_errors(target_spec(**target)) == []
+
+
+def reason_app(reason: str) -> web.Application:
+    async def refuse(request: web.Request) -> web.Response:
+        return web.Response(status=503, reason=reason)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", refuse)
+    return app
+
+
+@pytest.mark.parametrize("client", [_sidecar_status, _prometheus], ids=["sidecar", "prometheus"])
+@pytest.mark.timeout(30)
+async def test_a_reason_phrase_of_the_server_s_own_is_not_repeated(
+    serve_app: ServeApp, client: Any
+) -> None:
+    """An address a policy names may answer anything in its status line: what comes back is
+    the status and its standard phrase."""
+    url = await serve_app(reason_app("internal-db.corp:5432 password=hunter2"))
+    problem = await client(url)
+    assert problem.endswith("HTTP 503 Service Unavailable")
+    assert "hunter2" not in problem
