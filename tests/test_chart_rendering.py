@@ -137,3 +137,23 @@ def test_the_operator_may_reach_only_the_api_server_dns_and_batchpilot_s_ports_o
     assert [port["port"] for port in pods["ports"]] == [8000, 8002, 9400, 9090]
     (opened,) = of_kind(render("networkPolicy.egress=null"), "NetworkPolicy")
     assert opened["spec"]["policyTypes"] == ["Ingress"]
+
+
+@pytest.mark.timeout(60)
+def test_an_admission_policy_narrows_the_operator_s_pod_status_writes_to_gated_pods() -> None:
+    """Issue 39: RBAC gave the operator pods/status of every Pod, kube-system's included."""
+    documents = render()
+    (policy,) = of_kind(documents, "ValidatingAdmissionPolicy")
+    (binding,) = of_kind(documents, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {
+        "policyName": policy["metadata"]["name"],
+        "validationActions": ["Deny"],
+    }
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["pods/status"]
+    (who,) = policy["spec"]["matchConditions"]
+    account = f"system:serviceaccount:{RELEASE_NAMESPACE}:batchpilot-operator"
+    assert who["expression"] == f'request.userInfo.username == "{account}"'
+    (check,) = policy["spec"]["validations"]
+    assert "batchpilot.dev/config-applied" in check["expression"]
+    assert of_kind(render("rbac.podStatusPolicy=false"), "ValidatingAdmissionPolicy") == []
