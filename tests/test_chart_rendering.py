@@ -89,7 +89,7 @@ def test_the_operator_may_get_only_the_named_credential_secrets(
 
 @pytest.mark.timeout(60)
 def test_the_sidecar_network_policy_admits_only_the_operator_and_prometheus() -> None:
-    documents = render("operator.namespaces={team-a}", "sidecarNetworkPolicy.enabled=true")
+    documents = render("operator.namespaces={team-a}")  # on by default
     (policy,) = [
         p for p in of_kind(documents, "NetworkPolicy") if p["metadata"]["name"].endswith("sidecars")
     ]
@@ -111,11 +111,52 @@ def test_the_sidecar_network_policy_admits_only_the_operator_and_prometheus() ->
 
 @pytest.mark.timeout(60)
 def test_the_sidecar_network_policy_needs_the_triton_namespaces() -> None:
-    rendered = charts.helm(
-        "template", "x", str(charts.CHART), "--set", "sidecarNetworkPolicy.enabled=true"
-    )
-    assert rendered.returncode != 0
-    assert "sidecarNetworkPolicy.namespaces or operator.namespaces" in rendered.stderr
+    """Without them none is rendered (the install notes say so), and the install still works."""
+    documents = render()
+    assert [p["metadata"]["name"] for p in of_kind(documents, "NetworkPolicy")] == [
+        "batchpilot-operator"
+    ]
+    given = render("sidecarNetworkPolicy.namespaces={team-a,team-b}")
+    sidecars = [p for p in of_kind(given, "NetworkPolicy") if p["metadata"]["name"].endswith("s")]
+    assert [p["metadata"]["namespace"] for p in sidecars] == ["team-a", "team-b"]
+
+
+@pytest.mark.timeout(60)
+def test_the_operator_may_reach_only_the_api_server_dns_and_batchpilot_s_ports_on_pods() -> None:
+    """Issue 39: a policy's port or Prometheus URL elsewhere (another port of a Pod, an
+    address outside the cluster) gets no connection where NetworkPolicies are enforced."""
+    (policy,) = of_kind(render(), "NetworkPolicy")
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    api_server, dns, pods = policy["spec"]["egress"]
+    assert "to" not in api_server
+    assert [port["port"] for port in api_server["ports"]] == [443, 6443]
+    assert dns["to"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}}
+    ]
+    assert pods["to"] == [{"namespaceSelector": {}}]
+    assert [port["port"] for port in pods["ports"]] == [8000, 8002, 9400, 9090]
+    (opened,) = of_kind(render("networkPolicy.egress=null"), "NetworkPolicy")
+    assert opened["spec"]["policyTypes"] == ["Ingress"]
+
+
+@pytest.mark.timeout(60)
+def test_an_admission_policy_narrows_the_operator_s_pod_status_writes_to_gated_pods() -> None:
+    """Issue 39: RBAC gave the operator pods/status of every Pod, kube-system's included."""
+    documents = render()
+    (policy,) = of_kind(documents, "ValidatingAdmissionPolicy")
+    (binding,) = of_kind(documents, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {
+        "policyName": policy["metadata"]["name"],
+        "validationActions": ["Deny"],
+    }
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["pods/status"]
+    (who,) = policy["spec"]["matchConditions"]
+    account = f"system:serviceaccount:{RELEASE_NAMESPACE}:batchpilot-operator"
+    assert who["expression"] == f'request.userInfo.username == "{account}"'
+    (check,) = policy["spec"]["validations"]
+    assert "batchpilot.dev/config-applied" in check["expression"]
+    assert of_kind(render("rbac.podStatusPolicy=false"), "ValidatingAdmissionPolicy") == []
 
 
 def dcgm_services(documents: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -24,6 +24,7 @@ from types import ModuleType
 from batchpilot import __version__, explaining
 from batchpilot.api import documents
 from batchpilot.applying import credentials
+from batchpilot.policy import governing
 from batchpilot_triton import endpoints
 
 PLUGIN_GROUP = "batchpilot.commands"
@@ -124,6 +125,10 @@ def _operator(arguments: argparse.Namespace) -> int:
         metrics_host=listen[0] if listen else "",
         metrics_port=listen[1] if listen else None,
         verbose=arguments.verbose,
+        limits=governing.Limits(
+            policies_per_namespace=arguments.max_policies_per_namespace,
+            pods_per_policy=arguments.max_pods_per_policy,
+        ),
     )
     return handlers.run(
         options=options,
@@ -133,6 +138,13 @@ def _operator(arguments: argparse.Namespace) -> int:
         priority=arguments.priority,
         liveness=None if arguments.liveness == "none" else arguments.liveness,
     )
+
+
+def _positive(text: str) -> int:
+    number = int(text)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive whole number")
+    return number
 
 
 def _listen(text: str, *, option: str) -> tuple[str, int] | None:
@@ -327,6 +339,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     operator.add_argument(
         "--priority", type=int, help="peering priority (default: random, so one replica leads)"
+    )
+    limits = governing.Limits()
+    operator.add_argument(
+        "--max-policies-per-namespace",
+        type=_positive,
+        default=limits.policies_per_namespace,
+        help="a namespace's policies beyond the oldest this many govern no Pod (LimitExceeded)",
+    )
+    operator.add_argument(
+        "--max-pods-per-policy",
+        type=_positive,
+        default=limits.pods_per_policy,
+        help="a policy governs at most this many Pods, the first by name (LimitExceeded)",
     )
     operator.add_argument("--verbose", action="store_true", help="kopf's verbose logging")
     operator.set_defaults(handler=_operator)

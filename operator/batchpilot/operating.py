@@ -45,6 +45,7 @@ class Options:
     metrics_host: str = "0.0.0.0"  # noqa: S104 - scraped by Prometheus from outside the Pod
     metrics_port: int | None = 9402
     verbose: bool = False
+    limits: governing.Limits = field(default_factory=governing.Limits)
 
 
 def signal_sources(fleet: fleets.TritonFleet) -> reconciling.SignalSourceFactory:
@@ -246,11 +247,30 @@ class Controller:
                 body, type=event.type, reason=event.reason, message=event.message
             )
         left = await self.policies.write_status(namespace, name, status, outcome.status)
+        await self._open_ungoverned(namespace)
         delay = self.options.interval
         if outcome.wake_at is not None:
             until = (outcome.wake_at - self.clock()).total_seconds()
             delay = min(delay, max(until + TRANSITION_MARGIN_SECONDS, 0.0))
         return delay, left
+
+    async def _open_ungoverned(self, namespace: str) -> None:
+        """Gates left closed on Pods no policy of the namespace selects any more: each pass of
+        any policy there opens them, since no pass of their own will."""
+        if self.pods is None or self.governors_index is None:
+            return  # without every policy's selector, no Pod is known to be ungoverned
+        selectors = [governor.selector for governor in self.governors(namespace)]
+        try:
+            opened = await self.pods.open_ungoverned(namespace, selectors)
+        except client.KubeError as error:
+            logger.warning("%s: opening the gates of ungoverned Pods failed: %s", namespace, error)
+            return
+        if opened:
+            logger.info(
+                "%s: readiness gates opened on %s (no policy selects them)",
+                namespace,
+                ", ".join(opened),
+            )
 
     def pod_changed(
         self,
@@ -317,6 +337,7 @@ def build_controller(options: Options) -> Controller:
         metrics=metrics,
         settle_seconds=options.settle_seconds,
         credential_source=secret_credentials.SecretCredentials(kube),
+        limits=options.limits,
     )
     controller = Controller(
         options=options,

@@ -190,6 +190,7 @@ class _Observed:
     reading: sources.Reading
     lead: leads.Lead
     credential_problem: str | None = None
+    limited: tuple[str, ...] = ()
 
 
 def _wake_at(decision: decisions.Decision | None) -> datetime.datetime | None:
@@ -202,6 +203,11 @@ def _wake_at(decision: decisions.Decision | None) -> datetime.datetime | None:
 
 async def _unsurveyed() -> rollouts.Survey:
     return rollouts.Survey(models={}, unreachable={})
+
+
+def _refused_credential(error: servers.TritonError) -> bool:
+    """Triton refused the credential's value (not a server that is no Triton)."""
+    return isinstance(error, servers.RepositoryLocked) and not isinstance(error, servers.NotTriton)
 
 
 def _no_credentials() -> credentials.CredentialSource:
@@ -225,6 +231,7 @@ class Reconciler:
         settle_seconds: float = 1.5,
         governors: GovernorSource | None = None,
         credential_source: credentials.CredentialSource | None = None,
+        limits: governing.Limits | None = None,
     ) -> None:
         self.replica_source = replicas
         self.gates = gates
@@ -236,6 +243,7 @@ class Reconciler:
         self.governors = governors
         """None: one policy governs every replica it is given (the runner's)."""
         self.credentials = credential_source or _no_credentials()
+        self.limits = limits or governing.Limits()
         self.contention = leads.Contention()
         """Every policy's recent waves by host, so each plans for the busiest it ran beside."""
 
@@ -321,6 +329,7 @@ class Reconciler:
             replicas=observed.replicas,
             skipped=observed.skipped,
             contested=observed.contested,
+            limited=observed.limited,
             result=result,
             lead=observed.lead,
             measured_wave_seconds=state.planned_wave_seconds(self.contention),
@@ -346,7 +355,8 @@ class Reconciler:
         self, namespace: str, name: str, policy: specs.BatchPolicySpec, state: PolicyMemory
     ) -> _Observed:
         selected, skipped = await self.replica_source.replicas(namespace, policy.target)
-        replicas, contested = self._governed(namespace, name, selected)
+        governed, contested = self._governed(namespace, name, selected)
+        replicas, limited = self._within_limits(namespace, name, governed)
         problem = None
         try:
             headers = await self.credentials.repository_headers(
@@ -368,13 +378,39 @@ class Reconciler:
         survey, reading = await asyncio.gather(
             surveyed, self._signals(namespace, policy, replicas, state)
         )
+        if any(_refused_credential(error) for error in survey.unreachable.values()):
+            self.credentials.forget(namespace, policy.target.repository_credential)
         lead = leads.lead_for(
             policy,
             replicas=len(replicas),
             wave_seconds=state.measured_wave_seconds,
             contended_wave_seconds=state.contended_wave_seconds(self.contention),
         )
-        return _Observed(replicas, skipped, contested, survey, reading, lead, problem)
+        return _Observed(replicas, skipped, contested, survey, reading, lead, problem, limited)
+
+    def _within_limits(
+        self, namespace: str, name: str, governed: list[Replica]
+    ) -> tuple[list[Replica], tuple[str, ...]]:
+        """The replicas the operator's limits leave this policy, and what they left out."""
+        policies = sorted(
+            self.governors(namespace) if self.governors is not None else (),
+            key=lambda policy: policy.seniority,
+        )
+        most = self.limits.policies_per_namespace
+        if [policy.name for policy in policies[most:]].count(name):
+            return [], (
+                f"the namespace has more than {most} policies, the operator's limit "
+                "(--max-policies-per-namespace): this one, among the newest, governs no Pod "
+                "while the older ones are there",
+            )
+        most = self.limits.pods_per_policy
+        if len(governed) > most:
+            return governed[:most], (
+                f"the policy governs {len(governed)} Pods, more than the operator's limit of "
+                f"{most} a policy (--max-pods-per-policy): the first {most} by name are "
+                "governed, the others left alone",
+            )
+        return governed, ()
 
     def _governed(
         self, namespace: str, name: str, selected: Sequence[Replica]

@@ -59,6 +59,8 @@ class Findings:
     """Pods the selector matched that cannot be replicas, and why."""
     contested: Sequence[str] = ()
     """Pods the selector matched that an older policy governs (`batchpilot.policy.governing`)."""
+    limited: Sequence[str] = ()
+    """What the operator's limits (`reconciling.Limits`) kept this policy from governing."""
     result: rollouts.Result | None = None
     """What the rollout did (or, in a dry run, would have left alone)."""
     signal_problems: tuple[str, ...] = ()
@@ -116,6 +118,7 @@ def _invalid(
         "LeadTimeInsufficient": (False, "InvalidSpec", ""),
         "DrainIneffective": (False, "InvalidSpec", ""),
         "PodsContested": (False, "InvalidSpec", ""),
+        "LimitExceeded": (False, "InvalidSpec", ""),
         "CredentialRefused": (False, "InvalidSpec", ""),
         "CanaryFailed": (False, "InvalidSpec", ""),
     }
@@ -147,6 +150,7 @@ def _decided(
         "LeadTimeInsufficient": lead_time_insufficient(policy, findings.lead),
         "DrainIneffective": drain_ineffective(findings.result, previous),
         "PodsContested": pods_contested(findings.contested),
+        "LimitExceeded": limit_exceeded(findings.limited),
         "CredentialRefused": credential_refused(findings),
         "CanaryFailed": canary_failed(findings.canary_failure),
     }
@@ -288,6 +292,12 @@ def pods_contested(contested: Sequence[str]) -> Wanted:
     )
 
 
+def limit_exceeded(limited: Sequence[str]) -> Wanted:
+    if not limited:
+        return False, "WithinLimits", ""
+    return True, "LimitExceeded", "; ".join(limited)
+
+
 def lead_time_insufficient(policy: specs.BatchPolicySpec, lead: leads.Lead | None) -> Wanted:
     if lead is None or lead.sufficient:
         return False, "LeadTimeSufficient", ""
@@ -406,6 +416,9 @@ def notices(findings: Findings) -> list[Notice]:
         holds, _, message = pods_contested(findings.contested)
         event = Event("Warning", "PodsContested", message) if holds else None
         found.append(Notice(event, key="PodsContested"))
+        holds, _, message = limit_exceeded(findings.limited)
+        event = Event("Warning", "LimitExceeded", message) if holds else None
+        found.append(Notice(event, key="LimitExceeded"))
     if findings.result is not None:
         found.extend(target_notice(outcome) for outcome in findings.result.outcomes)
         found.extend(drain_notices(findings.result))

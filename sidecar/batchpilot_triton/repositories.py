@@ -34,8 +34,15 @@ MODEL_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
 """A model name as a directory of the repository: no separators, not `.` or `..`, nothing a
 query or a path would have to escape. The CRD holds `spec.target.models` to it."""
 MODEL_NAME = re.compile(MODEL_NAME_PATTERN)
-CREDENTIAL_NAME = re.compile(r"token|secret|passw|credential|api_?key|auth", re.IGNORECASE)
-"""An engine argument whose name says it is a credential; its string values are never served."""
+CREDENTIAL_NAME = re.compile(
+    r"(^|_)(\w*token|\w*secret|passw\w*|pwd|passphrase|credentials?|api_?key|\w*auth\w*|key|"
+    r"keyfile|bearer|cookie|signature|sig|sas|dsn|private)(_|$)"
+)
+"""An engine argument whose name, in snake case, has a word that says it is a credential
+(`hf_token`, `aws_access_key_id`, `apiKey`, `db_password`): its values are never served.
+Words, not letters: `tokenizer` is a model's path, not a credential."""
+_URL_CREDENTIALS = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*@")
+"""A URL with user information (`https://user:password@host`)."""
 
 
 class RepositoryError(Exception):
@@ -91,20 +98,58 @@ def is_version(name: str) -> bool:
     return name.isascii() and name.isdigit()
 
 
+def is_credential_name(name: str) -> bool:
+    snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower().replace("-", "_")
+    return CREDENTIAL_NAME.search(snake) is not None
+
+
+def _carries_credentials(value: Any) -> bool:
+    """Whether a value under a credential's name holds anything: a flag or null does not."""
+    if isinstance(value, dict | list):
+        return any(
+            _carries_credentials(item)
+            for item in (value.values() if isinstance(value, dict) else value)
+        )
+    return value is not None and not isinstance(value, bool) and value != ""
+
+
+def _url_credentials(value: str) -> bool:
+    """A URL with a user and password, or a query parameter with a credential's name."""
+    if not isinstance(value, str) or "://" not in value:
+        return False
+    if _URL_CREDENTIALS.match(value):
+        return True
+    # By hand: urllib is network code as far as the layers go, and this needs only the names.
+    query = value.partition("#")[0].partition("?")[2]
+    return any(is_credential_name(pair.partition("=")[0]) for pair in query.split("&") if pair)
+
+
 def without_credentials(found: RepositoryArguments) -> RepositoryArguments:
-    """The arguments fit to serve: every string under a credential's name taken out."""
+    """The arguments fit to serve: everything under a credential's name (at any depth, in lists
+    too) and every URL that carries a password or a credential's query parameter taken out."""
     withheld: list[str] = []
 
     def kept(value: Any, path: str) -> Any:
+        if isinstance(value, list):
+            inner_list = []
+            for index, item in enumerate(value):
+                where = f"{path}[{index}]"
+                if _url_credentials(item):
+                    withheld.append(where)
+                else:
+                    inner_list.append(kept(item, where))
+            return inner_list
         if not isinstance(value, dict):
             return value
         inner: dict[str, Any] = {}
         for key, item in value.items():
-            where = f"{path}{key}"
-            if CREDENTIAL_NAME.search(str(key)) and isinstance(item, str) and item:
+            where = f"{path}.{key}" if path else str(key)
+            if (is_credential_name(str(key)) and _carries_credentials(item)) or _url_credentials(
+                item
+            ):
                 withheld.append(where)
             else:
-                inner[key] = kept(item, f"{where}.")
+                inner[key] = kept(item, where)
         return inner
 
     return RepositoryArguments(found.version, kept(found.arguments, ""), tuple(withheld))

@@ -9,8 +9,11 @@ policy gives; each of them may be slow, huge or hostile. So every read here has:
   per-read socket timeout would let a server that trickles a byte a second hold it forever);
 - a size cap, checked as the body arrives, so a server streaming without end is cut off after
   the cap, not after it has filled memory;
-- errors as a status, a reason and at most a short one-line excerpt: an error answer's body
-  never reaches a condition or an event whole.
+- errors as a status and a reason: an error answer's body, or the bytes aiohttp's parser choked
+  on, never reach a condition, an event or a log line (a server that quotes back a request
+  header would otherwise hand a policy's author the credential that header carried);
+- no redirect followed (`client_session`): a server may not send the operator, or the headers
+  it carries, on to an address of its choosing.
 
 The defaults below are the documented ones (README, "Bounded reads").
 """
@@ -19,7 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import http
 import socket
+import types
 from typing import Any
 
 import aiohttp
@@ -86,9 +91,61 @@ def excerpt(text: str, chars: int = EXCERPT_CHARS) -> str:
     return line if len(line) <= chars else line[: chars - 1] + "…"
 
 
-def refusal(status: int, reason: str | None) -> str:
-    """An HTTP error answer as its status and reason only, never its body."""
-    return f"HTTP {status} {excerpt(reason or '', 60)}".rstrip()
+class RedirectRefused(aiohttp.ClientResponseError):
+    """The server answered with a redirect, which is never followed."""
+
+
+async def _refuse_redirect(
+    session: aiohttp.ClientSession,
+    context: types.SimpleNamespace,
+    params: aiohttp.TraceRequestRedirectParams,
+) -> None:
+    response = params.response
+    response.close()
+    # Its Location is not repeated: it is the server's choice of words too.
+    raise RedirectRefused(
+        response.request_info,
+        response.history,
+        status=response.status,
+        message=f"answered HTTP {response.status}, a redirect, which is not followed",
+    )
+
+
+def client_session(
+    *, connector: aiohttp.BaseConnector | None = None, timeout: aiohttp.ClientTimeout
+) -> aiohttp.ClientSession:
+    """An aiohttp session for servers a policy names: a redirect is an error (whatever a call's
+    `allow_redirects`), so neither the request nor the headers it carries go anywhere else."""
+    guard = aiohttp.TraceConfig()
+    guard.on_request_redirect.append(_refuse_redirect)
+    return aiohttp.ClientSession(connector=connector, timeout=timeout, trace_configs=[guard])
+
+
+def client_error_text(error: BaseException) -> str:
+    """What an aiohttp error may say where a policy's author reads it: a connection's failure
+    in its own words, anything about an answer by its kind only (aiohttp's parser errors
+    quote the answer's bytes)."""
+    if isinstance(error, TooLarge):
+        return str(error)
+    if isinstance(error, RedirectRefused):
+        return error.message
+    if isinstance(error, aiohttp.ClientConnectionError) and not isinstance(
+        error, aiohttp.ServerDisconnectedError
+    ):
+        return excerpt(str(error))
+    if isinstance(error, aiohttp.ClientResponseError):
+        return f"the answer could not be read ({type(error).__name__}, HTTP {error.status})"
+    return f"the answer could not be read ({type(error).__name__})"
+
+
+def refusal(status: int, reason: str | None = None) -> str:
+    """An HTTP error answer as its status and the standard phrase for it: never its body, nor
+    the reason phrase the server chose (a server may put anything there)."""
+    try:
+        phrase = http.HTTPStatus(status).phrase
+    except ValueError:
+        phrase = ""
+    return f"HTTP {status} {phrase}".rstrip()
 
 
 async def read_capped(response: aiohttp.ClientResponse, limit: int) -> bytes:

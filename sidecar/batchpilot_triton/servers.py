@@ -2,8 +2,14 @@
 
 Triton's HTTP/REST protocol (KServe v2 and its model-repository extension) spoken directly
 with aiohttp, one session per server: every call bounded by a timeout and every answer by a size
-cap (`batchpilot_triton.responses`), Triton's and aiohttp's many failure shapes turned into a
-few errors the actuator can act on, quoting at most a short excerpt of what the server said.
+cap (`batchpilot_triton.responses`), no redirect followed, Triton's and aiohttp's many failure
+shapes turned into a few errors the actuator can act on, quoting at most a short excerpt of
+Triton's own `error` (never another body, never the repository credential).
+
+The repository credential goes to Triton's HTTP API and nowhere else: before the first call
+that carries it, the server must say it is one (`GET /v2`, Triton's server metadata, lists the
+`model_repository` extension). A port that a policy names for Triton but that is another
+server's (the sidecar's, a proxy's) gets no credential, whatever it would do with it.
 
 Not `tritonclient.http.aio`: the operator needs eight small JSON calls of it, and importing it
 brings numpy, gevent and their kin, about a fifth of the operator's memory (22 MiB measured);
@@ -70,6 +76,10 @@ class RepositoryLocked(TritonError):
     (or its absence): nothing was loaded or unloaded."""
 
 
+class NotTriton(RepositoryLocked):
+    """The credential was not sent: the server does not answer as Triton's HTTP API."""
+
+
 class _Refused(Exception):
     """An error answer of Triton's: its status and its own words (`error`), an excerpt."""
 
@@ -128,6 +138,8 @@ class TritonServer:
         """Sent on every model-repository call (index, load, unload): the credential of a
         Triton started with --http-restricted-api=model-repository,<header>=<value>."""
         self._session: aiohttp.ClientSession | None = None
+        self._confirmed_triton = False
+        """Whether this session's server said it is Triton's HTTP API (`_confirm_triton`)."""
         self._parsing: concurrent.futures.Future[scraping.Snapshot] | None = None
 
     async def __aenter__(self) -> Self:
@@ -144,6 +156,7 @@ class TritonServer:
     async def close(self) -> None:
         # Taken out first: a caller that asks for a session meanwhile gets a new one.
         session, self._session = self._session, None
+        self._confirmed_triton = False
         if session is not None:
             await session.close()
 
@@ -152,10 +165,11 @@ class TritonServer:
         # is a backstop; each call's own deadline (`_call`) is what ends it. A server closed
         # while a caller still holds it opens a new session for that caller's next call.
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
+            self._session = responses.client_session(
                 connector=aiohttp.TCPConnector(limit=4),
                 timeout=aiohttp.ClientTimeout(total=self.load_timeout),
             )
+            self._confirmed_triton = False
         return self._session
 
     async def _request(
@@ -179,6 +193,40 @@ class TritonServer:
             answer = await responses.read_capped(response, responses.TRITON_JSON_BYTES)
             return json.loads(answer) if answer.strip() else None
 
+    async def _repository_request(
+        self, method: str, path: str, *, body: Mapping[str, Any] | None = None
+    ) -> Any:
+        """A model-repository call, with the credential once the server said it is Triton."""
+        if self.repository_headers and not self._confirmed_triton:
+            await self._confirm_triton()
+        return await self._request(method, path, body=body, headers=self.repository_headers)
+
+    async def _confirm_triton(self) -> None:
+        async with self._client().get(f"{self.url}/v2") as response:
+            answer = b""
+            if response.status == 200:
+                answer = await responses.read_capped(response, responses.ERROR_BYTES)
+        try:
+            document = json.loads(answer)
+        except ValueError:
+            document = None
+        extensions = document.get("extensions") if isinstance(document, dict) else None
+        if not isinstance(extensions, list) or "model_repository" not in extensions:
+            raise NotTriton(
+                self.url,
+                "the server does not answer as Triton's HTTP API (GET /v2 lists no "
+                "model_repository extension), so the repository credential was not sent to it: "
+                "spec.target.port must name Triton's HTTP port",
+            )
+        self._confirmed_triton = True
+
+    def _redacted(self, message: str) -> str:
+        """The message without the credential's value, wherever a server put it."""
+        for value in self.repository_headers.values():
+            if value:
+                message = message.replace(value, "<redacted>")
+        return message
+
     async def _answers_ok(self, path: str) -> bool:
         """Whether a health or readiness endpoint answers 200 (its body says nothing more)."""
         async with self._client().get(f"{self.url}/{path}") as response:
@@ -195,30 +243,38 @@ class TritonServer:
         except TimeoutError:
             waited = seconds or self.request_timeout
             raise Unreachable(self.url, f"{what}: no answer within {waited:g}s") from None
-        except (aiohttp.ClientError, OSError) as error:
-            # aiohttp's parser errors quote the bytes they choked on.
-            raise Unreachable(self.url, f"{what}: {responses.excerpt(str(error))}") from None
+        except TritonError as error:
+            raise type(error)(self.url, self._redacted(f"{what}: {error.message}")) from None
+        except aiohttp.ClientError as error:
+            text = self._redacted(responses.client_error_text(error))
+            raise Unreachable(self.url, f"{what}: {text}") from None
+        except OSError as error:
+            raise Unreachable(self.url, self._redacted(f"{what}: {error}")) from None
         except ValueError:
             raise TritonError(self.url, f"{what}: the answer is not JSON") from None
         except _Refused as error:
-            said = error.said
-            message = responses.excerpt(said)
-            if _RESTRICTED in said:
-                raise RepositoryLocked(
-                    self.url,
-                    f"{what}: the server restricts its model-repository API and refused the "
-                    f"credential ({_credential_summary(self.repository_headers)}): check the "
-                    "header and value it was started with (--http-restricted-api)",
-                ) from None
-            if _NOT_EXPLICIT in said:
-                raise ExplicitModeRequired(
-                    self.url,
-                    f"{what}: the server refuses model loads ({message}); start tritonserver "
-                    "with --model-control-mode=explicit",
-                ) from None
-            if error.status in (400, 404) or "unknown model" in said:
-                raise ModelUnavailable(self.url, f"{what}: {message}") from None
-            raise TritonError(self.url, f"{what}: {message}") from None
+            raise self._refusal(what, error) from None
+
+    def _refusal(self, what: str, error: _Refused) -> TritonError:
+        said = error.said
+        # Taken out before the excerpt is cut: a cut value would no longer match.
+        message = responses.excerpt(self._redacted(said))
+        if _RESTRICTED in said:
+            return RepositoryLocked(
+                self.url,
+                f"{what}: the server restricts its model-repository API and refused the "
+                f"credential ({_credential_summary(self.repository_headers)}): check the "
+                "header and value it was started with (--http-restricted-api)",
+            )
+        if _NOT_EXPLICIT in said:
+            return ExplicitModeRequired(
+                self.url,
+                f"{what}: the server refuses model loads ({message}); start tritonserver "
+                "with --model-control-mode=explicit",
+            )
+        if error.status in (400, 404) or "unknown model" in said:
+            return ModelUnavailable(self.url, f"{what}: {message}")
+        return TritonError(self.url, f"{what}: {message}")
 
     async def is_ready(self) -> bool:
         return bool(await self._call("server readiness", self._answers_ok("v2/health/ready")))
@@ -239,7 +295,7 @@ class TritonServer:
         """Every model in the repository, with its state (READY, LOADING, UNLOADING, ...)."""
         index = await self._call(
             "model index",
-            self._request("POST", "v2/repository/index", headers=self.repository_headers),
+            self._repository_request("POST", "v2/repository/index"),
         )
         if not isinstance(index, list) or not all(isinstance(entry, dict) for entry in index):
             raise TritonError(self.url, "model index: the answer is not a list of models")
@@ -297,11 +353,10 @@ class TritonServer:
         }
         if config is not None:
             parameters["config"] = json.dumps(config)
-        request = self._request(
+        request = self._repository_request(
             "POST",
             f"v2/repository/models/{quote(model, safe='')}/load",
             body={"parameters": parameters} if parameters else {},
-            headers=self.repository_headers,
         )
         try:
             await self._while_live(f"load of {model}", request)
@@ -313,11 +368,10 @@ class TritonServer:
     async def unload(self, model: str) -> None:
         await self._while_live(
             f"unload of {model}",
-            self._request(
+            self._repository_request(
                 "POST",
                 f"v2/repository/models/{quote(model, safe='')}/unload",
                 body={"parameters": {"unload_dependents": False}},
-                headers=self.repository_headers,
             ),
         )
 
@@ -369,15 +423,14 @@ class TritonServer:
 
 
 async def _error_message(response: aiohttp.ClientResponse) -> str:
-    """Triton's `error` of an error answer, else the answer's start; an excerpt either way."""
+    """Triton's `error` of an error answer, else its status and reason only: a body in any
+    other shape is not Triton's words, and may be a request quoted back. Whole (up to
+    ERROR_BYTES): the caller takes the credential out, then cuts an excerpt."""
+    refused = f"HTTP {response.status} {response.reason or ''}".rstrip()
     try:
         answer = await responses.read_capped(response, responses.ERROR_BYTES)
-    except responses.TooLarge:
-        return responses.refusal(response.status, response.reason)
-    text = answer.decode(errors="replace")
-    try:
-        document = json.loads(text)
-    except ValueError:
-        return responses.excerpt(text) or responses.refusal(response.status, response.reason)
+        document = json.loads(answer)
+    except (responses.TooLarge, ValueError):
+        return refused
     found = document.get("error") if isinstance(document, dict) else None
-    return responses.excerpt(str(found if found is not None else text))
+    return found if isinstance(found, str) and found.strip() else refused

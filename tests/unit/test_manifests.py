@@ -114,7 +114,13 @@ def test_plain_install_runs_under_the_restricted_pod_security_standard() -> None
 def test_rbac_manifest_is_the_install_s_rbac() -> None:
     install = by_kind(MANIFESTS / "install.yaml")
     rbac = by_kind(MANIFESTS / "rbac.yaml")
-    assert set(rbac) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
+    assert set(rbac) == {
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    }
     for kind, objects in rbac.items():
         assert objects == install[kind], kind
     (role,) = rbac["ClusterRole"]

@@ -449,3 +449,48 @@ def test_every_handler_kopf_calls_per_event_is_a_coroutine() -> None:
         and not asyncio.iscoroutinefunction(function)
     ]
     assert plain == []
+
+
+class GatePods(kube_pods.Pods):
+    """The reader of Pods over a given index, with its gate writes recorded."""
+
+    def __init__(self, index: dict[str | None, list[dict[str, Any]]]) -> None:
+        super().__init__(client.KubeClient(kubernetes.client.ApiClient()))
+        self.index = index
+        self.opened: list[tuple[str, str, str]] = []
+
+    async def set_gate(
+        self, namespace: str, pod: str, *, applied: bool, reason: str, message: str
+    ) -> None:
+        assert applied
+        self.opened.append((namespace, pod, reason))
+        for snapshot in self.index[namespace]:
+            if snapshot["metadata"]["name"] == pod:
+                snapshot["status"]["conditions"] = [{"type": kube_pods.GATE, "status": "True"}]
+
+
+def gated_pod(name: str, labels: dict[str, str], gate: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"containers": [], "readinessGates": [{"conditionType": kube_pods.GATE}]},
+        "status": {"phase": "Running", "conditions": [{"type": kube_pods.GATE, "status": gate}]},
+    }
+
+
+@pytest.mark.looptime
+async def test_a_pod_relabelled_while_its_gate_was_closed_is_reopened() -> None:
+    """Issue 39: a Pod whose gate a switch closed and that then stopped matching every selector
+    was never reopened; a pass of any policy of its namespace opens it, and only it."""
+    index: dict[str | None, list[dict[str, Any]]] = {
+        "ns": [
+            gated_pod("switching", {"app": "triton"}, "False"),  # its policy is switching it
+            gated_pod("relabelled", {"app": "moved"}, "False"),
+            gated_pod("open", {"app": "moved"}, "True"),
+        ],
+        "other": [gated_pod("elsewhere", {"app": "moved"}, "False")],
+    }
+    pods = GatePods(index)
+    subject = dataclasses.replace(controller(ScriptedReconciler(), Recorder()), pods=pods)
+    subject.governors_index = {"ns": [("fleet", "", {"matchLabels": {"app": "triton"}})]}
+    await run_for(subject, 1)
+    assert pods.opened == [("ns", "relabelled", "NotGoverned")]

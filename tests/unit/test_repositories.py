@@ -102,3 +102,38 @@ def test_only_ascii_digits_name_a_version(tmp_path: Path, odd: str) -> None:
 def test_a_version_keeps_its_directory_name(tmp_path: Path) -> None:
     write_model_json(tmp_path, "llm", "007", json.dumps({"model": "x"}))
     assert repositories.read_repository_arguments(tmp_path, "llm").version == "007"
+
+
+def test_no_credential_of_a_model_json_is_served_wherever_it_sits() -> None:
+    """Issue 39: secrets inside lists, names like aws_access_key_id, passwords in URLs."""
+    secret = "AKIAsecretVALUE42"
+    arguments = {
+        "model": "/models/llm",
+        "tokenizer": "/models/llm/tokenizer",
+        "max_num_batched_tokens": 4096,
+        "trust_remote_code": False,
+        "aws_access_key_id": secret,
+        "awsSecretAccessKey": secret,
+        "extra_headers": [{"name": "x", "api_key": secret}, {"Authorization": f"Bearer {secret}"}],
+        "hf_token": [secret],
+        "download_url": f"https://user:{secret}@example.test/weights",
+        "mirror": f"https://example.test/weights?sig={secret}&v=1",
+        "mirrors": ["https://example.test/open", f"https://u:{secret}@example.test/closed"],
+        "use_token": True,
+        "auth_timeout": None,
+    }
+    served = repositories.without_credentials(repositories.RepositoryArguments("1", arguments))
+    assert secret not in json.dumps(served.to_json()["arguments"])
+    assert served.withheld == (
+        "aws_access_key_id",
+        "awsSecretAccessKey",
+        "extra_headers[0].api_key",
+        "extra_headers[1].Authorization",
+        "hf_token",
+        "download_url",
+        "mirror",
+        "mirrors[1]",
+    )
+    assert served.arguments["tokenizer"] == "/models/llm/tokenizer"
+    assert served.arguments["mirrors"] == ["https://example.test/open"]
+    assert served.arguments["use_token"] is True

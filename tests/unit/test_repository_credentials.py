@@ -23,7 +23,8 @@ from builders import spec_document, utc
 
 NOW = utc(2026, 11, 24, 15)
 TOKEN = "7f3c9a1e5b"
-HEADER = {specs.DEFAULT_REPOSITORY_HEADER: TOKEN}
+HEADER_NAME = specs.DEFAULT_REPOSITORY_HEADER
+HEADER = {HEADER_NAME: TOKEN}
 CREDENTIAL = specs.RepositoryCredential.model_validate({"secretName": "triton-credential"})
 LOCKED_SPEC = spec_document(
     target={
@@ -38,6 +39,7 @@ class FixedCredential:
         self.headers = headers or {}
         self.problem = problem
         self.asked: list[tuple[str, specs.RepositoryCredential | None]] = []
+        self.forgotten: list[tuple[str, specs.RepositoryCredential | None]] = []
 
     async def repository_headers(
         self, namespace: str, credential: specs.RepositoryCredential | None
@@ -46,6 +48,9 @@ class FixedCredential:
         if self.problem:
             raise credentials.CredentialUnavailable(self.problem)
         return dict(self.headers)
+
+    def forget(self, namespace: str, credential: specs.RepositoryCredential | None) -> None:
+        self.forgotten.append((namespace, credential))
 
 
 def locked_fleet(*replicas: Replica) -> FakeFleet:
@@ -183,10 +188,49 @@ class FakeCoreApi:
         return type("Response", (), {"data": json.dumps({"data": data}).encode()})()
 
 
-def secret_source(api: FakeCoreApi) -> secret_credentials.SecretCredentials:
+def secret_source(
+    api: FakeCoreApi, clock: Any = lambda: 0.0
+) -> secret_credentials.SecretCredentials:
     kube = client.KubeClient(kubernetes.client.ApiClient())
     kube.core = api  # type: ignore[assignment]
-    return secret_credentials.SecretCredentials(kube)
+    return secret_credentials.SecretCredentials(kube, clock=clock)
+
+
+async def test_the_secret_is_read_once_a_cache_period_and_again_once_triton_refuses_it() -> None:
+    """Issue 39: every pass of every policy read its Secret through the API, on the pool of
+    threads all tenants share."""
+    api = FakeCoreApi({"triton-credential": {"token": TOKEN}})
+    now = [0.0]
+    source = secret_source(api, clock=lambda: now[0])
+    for second in range(0, 30, 2):
+        now[0] = second
+        assert await source.repository_headers("team-a", CREDENTIAL) == HEADER
+    assert api.read == [("team-a", "triton-credential")]
+    now[0] = secret_credentials.CACHE_SECONDS
+    await source.repository_headers("team-a", CREDENTIAL)
+    assert len(api.read) == 2
+    api.secrets["triton-credential"]["token"] = "rotated"
+    source.forget("team-a", CREDENTIAL)
+    assert await source.repository_headers("team-a", CREDENTIAL) == {HEADER_NAME: "rotated"}
+    assert len(api.read) == 3
+    other = specs.RepositoryCredential.model_validate(
+        {"secretName": "triton-credential", "header": "triton-admin-key"}
+    )
+    assert await source.repository_headers("team-a", other) == {"triton-admin-key": "rotated"}
+    assert len(api.read) == 3, "the same Secret and key under another header: cached"
+
+
+@pytest.mark.looptime
+async def test_a_credential_triton_refuses_is_read_afresh_on_the_next_pass() -> None:
+    targets = [target("triton-0")]
+    rotated = {HEADER_NAME: "rotated"}
+    fleet = FakeFleet({targets[0].http_url: FakeServer(repository_headers=rotated)})
+    source = FixedCredential(dict(HEADER))
+    await reconcile(reconciler(targets, fleet, source, FakeGates()))
+    assert source.forgotten == [("ns", CREDENTIAL)]
+    accepted = FixedCredential(dict(rotated))
+    await reconcile(reconciler(targets, fleet, accepted, FakeGates()))
+    assert accepted.forgotten == []
 
 
 async def test_the_secret_is_read_in_the_policys_own_namespace_only() -> None:
@@ -224,11 +268,13 @@ async def test_the_runner_takes_the_value_from_a_file_or_the_environment_never_a
 ) -> None:
     from batchpilot import cli
 
-    named = specs.RepositoryCredential.model_validate({"secretName": "x", "header": "my-header"})
+    named = specs.RepositoryCredential.model_validate(
+        {"secretName": "x", "header": "triton-admin-key"}
+    )
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n", encoding="utf-8")
     from_file = cli._repository_credential(token_file)
-    assert await from_file.repository_headers("", named) == {"my-header": TOKEN}
+    assert await from_file.repository_headers("", named) == {"triton-admin-key": TOKEN}
     assert await from_file.repository_headers("", None) == HEADER
     monkeypatch.setenv(cli.REPOSITORY_TOKEN_ENV, TOKEN)
     assert await cli._repository_credential(None).repository_headers("", None) == HEADER
@@ -257,3 +303,16 @@ async def test_a_load_refused_for_its_credential_reopens_the_gate_it_closed() ->
         ("triton-0", True, "CredentialRefused"),
     ]
     assert conditions(outcome.status)["CredentialRefused"] == ("True", "RefusedByTriton")
+
+
+async def test_a_secret_that_cannot_give_the_value_is_asked_again_only_a_cache_period_later() -> (
+    None
+):
+    api = FakeCoreApi({})
+    now = [0.0]
+    source = secret_source(api, clock=lambda: now[0])
+    for second in (0.0, 5.0, secret_credentials.CACHE_SECONDS):
+        now[0] = second
+        with pytest.raises(credentials.CredentialUnavailable, match="does not exist"):
+            await source.repository_headers("team-a", CREDENTIAL)
+    assert len(api.read) == 2

@@ -130,8 +130,10 @@ class CanaryMemory:
         self.failed = {entry.settings_hash: entry for entry in history.failed}
         if history.served and history.served_profile:
             try:
-                settings = rendering.from_document(json.loads(history.served))
-            except (ValueError, KeyError, TypeError):
+                settings = rendering.from_status(json.loads(history.served))
+            except ValueError:
+                settings = None
+            if settings is None:
                 return  # not ours to trust: the next full rollout records it again
             settings_hash = rendering.settings_hash(settings)
             self.served = ServedSettings.of(history.served_profile, settings, settings_hash)

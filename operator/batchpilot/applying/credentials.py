@@ -30,6 +30,10 @@ class CredentialSource(Protocol):
         """The headers for the policy's repository calls; raises CredentialUnavailable."""
         ...
 
+    def forget(self, namespace: str, credential: specs.RepositoryCredential | None) -> None:
+        """Triton refused the value given: read it afresh next time (a rotated Secret)."""
+        ...
+
 
 def headers(header: str, value: str, *, source: str) -> dict[str, str]:
     """The header to send, once its value is known to be one Triton's flag could hold."""
@@ -57,6 +61,9 @@ class NoCredentials:
             )
         return {}
 
+    def forget(self, namespace: str, credential: specs.RepositoryCredential | None) -> None:
+        pass  # nothing read, nothing kept
+
 
 class GivenCredential:
     """One value for every policy (the standalone runner's): sent under the policy's header,
@@ -71,3 +78,6 @@ class GivenCredential:
     ) -> dict[str, str]:
         header = credential.header if credential else specs.DEFAULT_REPOSITORY_HEADER
         return headers(header, self._value, source=self._source)
+
+    def forget(self, namespace: str, credential: specs.RepositoryCredential | None) -> None:
+        pass  # one value, given once

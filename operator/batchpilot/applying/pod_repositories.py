@@ -5,8 +5,9 @@ In a cluster the operator cannot read a Pod's model repository, but the sidecar 
 it mounts the repository read-only (`--model-repository`) and serves a model's `model.json` at
 `/v1/models/<model>/engine-arguments`. Profile switches are rare, so each read opens its own
 connection and nothing is kept open between them. The sidecar is a Pod of the policy's
-namespace: its answer is read under a deadline and up to a cap, and an error quotes at most an
-excerpt of it (`batchpilot_triton.responses`).
+namespace: its answer is read under a deadline and up to a cap, no redirect is followed, and an
+error quotes at most an excerpt of the sidecar's own `error`, never another body
+(`batchpilot_triton.responses`).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ class SidecarEngineArguments:
             raise engines.EngineArgumentsUnavailable(str(error)) from None
         try:
             async with (
-                aiohttp.ClientSession(
+                responses.client_session(
                     timeout=aiohttp.ClientTimeout(total=self._timeout)
                 ) as session,
                 session.get(url) as response,
@@ -69,7 +70,7 @@ class SidecarEngineArguments:
         except aiohttp.ClientError as error:
             raise engines.EngineArgumentsUnavailable(
                 f"sidecar {replica.sidecar_url} of {replica.title}: "
-                f"{responses.excerpt(str(error)) or type(error).__name__}"
+                f"{responses.client_error_text(error)}"
             ) from None
         return _parsed(body, status, sidecar=replica.sidecar_url, model=model)
 
@@ -83,9 +84,10 @@ def _parsed(
         document = None
     if status != 200:
         reason = document.get("error") if isinstance(document, dict) else None
+        said = responses.excerpt(reason) if isinstance(reason, str) and reason.strip() else ""
         raise engines.EngineArgumentsUnavailable(
-            f"sidecar {sidecar}: no engine arguments for model {model!r} (HTTP {status}): "
-            f"{responses.excerpt(str(reason or body.decode(errors='replace')))}"
+            f"sidecar {sidecar}: no engine arguments for model {model!r} (HTTP {status})"
+            + (f": {said}" if said else "")
         )
     try:
         return repositories.RepositoryArguments.from_json(document)

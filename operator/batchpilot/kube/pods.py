@@ -70,6 +70,24 @@ def selected(pods: Iterable[Mapping[str, Any]], selector: specs.LabelSelector) -
     ]
 
 
+def closed_and_ungoverned(
+    pods: Iterable[Mapping[str, Any]], selectors: Iterable[Mapping[str, Any]]
+) -> list[str]:
+    """The Pods whose gate batchpilot holds False and that no policy selects any more (a Pod
+    relabelled while its gate was closed): no policy's pass would ever open it again."""
+    wanted = list(selectors)
+    return sorted(
+        pod["metadata"]["name"]
+        for pod in pods
+        if not pod["metadata"].get("deletionTimestamp")
+        and any(g.get("conditionType") == GATE for g in pod["spec"].get("readinessGates") or [])
+        and _condition(pod, GATE) == "False"
+        and not any(
+            governing.selects(selector, pod["metadata"].get("labels") or {}) for selector in wanted
+        )
+    )
+
+
 def _port(pod: Mapping[str, Any], reference: int | str | None) -> int | None:
     if reference is None or isinstance(reference, int):
         return reference
@@ -171,6 +189,24 @@ class Pods:
             raise RuntimeError("the Pod index is not filled yet: no handler has handed it over")
         in_namespace = self.index.get(namespace) or ()
         return replicas_from_pods(selected(in_namespace, target.selector), target)
+
+    async def open_ungoverned(
+        self, namespace: str, selectors: Iterable[Mapping[str, Any]]
+    ) -> list[str]:
+        """Open the gates `closed_and_ungoverned` finds in the namespace; their names."""
+        if self.index is None:
+            return []
+        names = closed_and_ungoverned(self.index.get(namespace) or (), selectors)
+        for name in names:
+            await self.set_gate(
+                namespace,
+                name,
+                applied=True,
+                reason="NotGoverned",
+                message="no batchpilot policy selects this Pod any more; it serves the "
+                "configuration it runs",
+            )
+        return names
 
     async def set_gate(
         self, namespace: str, pod: str, *, applied: bool, reason: str, message: str

@@ -80,3 +80,14 @@ def contest(
         f"{pod} is governed by policy {winner.name!r}, which selects it too and is older; "
         "this policy leaves it alone"
     )
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one tenant may take of the operator every namespace shares (the chart's
+    operator.limits): a namespace's policies beyond the oldest `policies_per_namespace` govern
+    no Pod, and a policy governs at most `pods_per_policy` Pods (the first by name). Either
+    is said in the policy's LimitExceeded condition."""
+
+    policies_per_namespace: int = 100
+    pods_per_policy: int = 500

@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+import pydantic
 
 from batchpilot.api.v1alpha1 import specs
 
@@ -126,7 +129,7 @@ def render(profile: specs.Profile, *, queue_delay_microseconds: int | None = Non
 
 
 def settings_document(settings: Settings) -> dict[str, Any]:
-    """Settings as a JSON object (what a status keeps of them); `from_document` reads it back."""
+    """Settings as a JSON object (what a status keeps of them); `from_status` reads it back."""
     return {
         "dynamicBatching": settings.dynamic_batching,
         "maxBatchSize": settings.max_batch_size,
@@ -153,3 +156,67 @@ def settings_hash(settings: Settings) -> str:
     profile they come from."""
     canonical = json.dumps(settings_document(settings), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+_QUEUE_POLICY_FIELDS = {
+    "timeout_action": "timeoutAction",
+    "default_timeout_microseconds": "defaultTimeoutMicroseconds",
+    "allow_timeout_override": "allowTimeoutOverride",
+    "max_queue_size": "maxQueueSize",
+}
+_BATCH_SCHEDULER_POLICY_NAMES = {value: name for name, value in BATCH_SCHEDULER_POLICIES.items()}
+
+
+def _llm_section(document: dict[str, Any]) -> dict[str, Any] | None:
+    """The `llm` section whose rendering `document` would be, by the fields it says it sets."""
+    engine, tensorrt = document["engineArguments"], document["tensorrtLlmParameters"]
+    if engine is None and tensorrt is None:
+        return None
+    where: dict[str, Callable[[], Any]] = {
+        "maxNumSeqs": lambda: engine["max_num_seqs"],
+        "maxNumBatchedTokens": lambda: engine["max_num_batched_tokens"],
+        "chunkedPrefill": lambda: engine["enable_chunked_prefill"],
+        "batchSchedulerPolicy": lambda: _BATCH_SCHEDULER_POLICY_NAMES[
+            tensorrt["batch_scheduler_policy"]
+        ],
+        "maxTokensInPagedKvCache": lambda: int(tensorrt["max_tokens_in_paged_kv_cache"]),
+    }
+    return {field: where[field]() for field in document["llmFields"]}
+
+
+def _profile_document(document: dict[str, Any]) -> dict[str, Any]:
+    batching = document["dynamicBatching"]
+
+    def queue_policy(policy: dict[str, Any]) -> dict[str, Any]:
+        return {camel: policy[name] for name, camel in _QUEUE_POLICY_FIELDS.items()}
+
+    return {
+        "maxQueueDelayMicroseconds": batching["max_queue_delay_microseconds"],
+        "preferredBatchSizes": batching["preferred_batch_size"],
+        "maxBatchSize": document["maxBatchSize"],
+        "preserveOrdering": batching["preserve_ordering"],
+        "priorityLevels": batching["priority_levels"] or None,
+        "defaultPriorityLevel": batching["default_priority_level"] or None,
+        "queuePolicy": queue_policy(batching["default_queue_policy"]),
+        "priorityQueuePolicy": [
+            {"priorityLevel": int(level), **queue_policy(policy)}
+            for level, policy in batching["priority_queue_policy"].items()
+        ],
+        "llm": _llm_section(document),
+    }
+
+
+def from_status(document: Any) -> Settings | None:
+    """Settings a status says were served, if some profile of the API renders to exactly them;
+    else None.
+
+    The status is anyone's to write who may write `batchpolicies/status`, so what it holds is
+    read back as a profile, through the spec's own model and bounds, and rendered again: engine
+    arguments or config parameters no profile can ask for (another model, trust_remote_code)
+    never reach a model through it."""
+    try:
+        profile = specs.Profile.model_validate(_profile_document(document))
+    except (pydantic.ValidationError, KeyError, TypeError, ValueError, AttributeError):
+        return None
+    settings = render(profile)
+    return settings if settings_document(settings) == document else None

@@ -120,7 +120,7 @@ class PrometheusSource:
         # Created in the running loop; a few connections, enough for a tick's queries.
         if self._session is None:
             self._resolver = responses.OwnThreadResolver()  # the connector does not close it
-            self._session = aiohttp.ClientSession(
+            self._session = responses.client_session(
                 connector=aiohttp.TCPConnector(limit=4, resolver=self._resolver),
                 # read() holds the deadline; this only keeps a stray request from outliving it.
                 timeout=aiohttp.ClientTimeout(total=2 * self._deadline),
@@ -163,7 +163,10 @@ class PrometheusSource:
                 answer = task.result()
                 if answer is not None:
                     metrics[asked[task]] = answer
-            elif isinstance(error, PrometheusRefused | aiohttp.ClientError | TimeoutError):
+            elif isinstance(error, aiohttp.ClientError):
+                message = responses.client_error_text(error)
+                problems.append(f"prometheus {self._title}: {asked[task]}: {message}")
+            elif isinstance(error, PrometheusRefused | TimeoutError):
                 message = responses.excerpt(str(error)) or type(error).__name__
                 problems.append(f"prometheus {self._title}: {asked[task]}: {message}")
             else:

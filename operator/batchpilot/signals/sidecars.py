@@ -131,7 +131,7 @@ class SidecarSource:
 
     async def _status(self, url: str) -> reports.StatusDocument:
         if self._session is None:
-            self._session = aiohttp.ClientSession(
+            self._session = responses.client_session(
                 connector=aiohttp.TCPConnector(limit=responses.READS_AT_ONCE),
                 timeout=aiohttp.ClientTimeout(total=self._timeout),
             )
@@ -144,8 +144,7 @@ class SidecarSource:
         except TimeoutError:
             raise SidecarError(f"sidecar {url}: no answer within {self._timeout:g}s") from None
         except aiohttp.ClientError as error:
-            said = responses.excerpt(str(error)) or type(error).__name__
-            raise SidecarError(f"sidecar {url}: {said}") from None
+            raise SidecarError(f"sidecar {url}: {responses.client_error_text(error)}") from None
         try:
             return STATUS_DOCUMENT.validate_json(body)
         except pydantic.ValidationError as error:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import re
 import zoneinfo
+from collections.abc import Callable
 from functools import cached_property
 from typing import Annotated, Any, ClassVar, Literal, get_args
 
@@ -61,6 +62,22 @@ LeadTime = Annotated[
     ),
 ]
 PortRef = Annotated[int | str, Field(json_schema_extra={"x-kubernetes-int-or-string": True})]
+PORT_NAME_PATTERN = "^[a-z0-9]([-a-z0-9]{0,13}[a-z0-9])?$"
+"""A container port's name: an IANA service name, at most 15 characters."""
+
+
+def _port_rule(field: str) -> Callable[[Any], bool]:
+    """Whether an object's `field` is a port reference, as a cross-field rule's predicate."""
+    return lambda holder: _port_reference(getattr(holder, field))
+
+
+def _port_reference(port: int | str) -> bool:
+    """A port number (1 to 65535, also written as a string) or a container port's name."""
+    if isinstance(port, str) and re.fullmatch("[0-9]{1,5}", port):
+        port = int(port)
+    if isinstance(port, int):
+        return 1 <= port <= 65535
+    return re.fullmatch(PORT_NAME_PATTERN, port) is not None
 
 
 def _cel_rules_into_schema(schema: dict[str, Any], model: type[Any]) -> None:
@@ -276,6 +293,10 @@ class Profile(Model):
     )
 
 
+LabelValue = Annotated[str, Field(max_length=63)]
+"""A label's value, as Kubernetes bounds it."""
+
+
 class LabelSelectorRequirement(Model):
     """A label selector requirement, as in Kubernetes label selectors."""
 
@@ -283,20 +304,32 @@ class LabelSelectorRequirement(Model):
     """The label key."""
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
     """How the key relates to the values."""
-    values: Annotated[list[str], Field(max_length=64)] = []
+    values: Annotated[list[LabelValue], Field(max_length=64)] = []
     """Values for In and NotIn; empty for Exists and DoesNotExist."""
 
 
 class LabelSelector(Model):
     """Selects Pods by label, as in a Deployment's selector."""
 
-    match_labels: dict[str, str] = {}
-    """Labels a Pod must carry, all of them."""
+    match_labels: Annotated[dict[str, LabelValue], Field(max_length=16)] = {}
+    """Labels a Pod must carry, all of them (at most 16)."""
     match_expressions: Annotated[list[LabelSelectorRequirement], Field(max_length=16)] = []
     """Requirements a Pod must meet, all of them."""
 
+    cross_field_rules = (
+        validations.CrossFieldRule(
+            cel="!has(self.matchLabels) || self.matchLabels.all(k, size(k) <= 317)",
+            message="a matchLabels key is at most 317 characters (a prefix of 253 and a name "
+            "of 63)",
+            field_path=".matchLabels",
+            holds=lambda s: all(len(key) <= 317 for key in s.match_labels),
+        ),
+    )
+
 
 DEFAULT_REPOSITORY_HEADER = "batchpilot-repository-token"
+REPOSITORY_HEADER_PATTERN = r"^(batchpilot|triton)-[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+"""No standard or hop-by-hop header starts with either prefix."""
 
 
 class RepositoryCredential(Model):
@@ -320,10 +353,12 @@ class RepositoryCredential(Model):
     key: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")] = "token"
     """The Secret's data key that holds the value."""
     header: Annotated[
-        str, Field(min_length=1, max_length=64, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+        str, Field(min_length=1, max_length=64, pattern=REPOSITORY_HEADER_PATTERN)
     ] = DEFAULT_REPOSITORY_HEADER
     """The header's name, lower case (gRPC metadata keys are): the `<header>` in Triton's
-    restricted-API flags."""
+    restricted-API flags. It starts with `batchpilot-` or `triton-`, so it is never a header
+    that HTTP or a proxy acts on (Content-Length, Expect, Host, Connection, ...): a server
+    that chokes on such a header may quote it, value and all, in its error answer."""
 
 
 class Target(Model):
@@ -355,11 +390,29 @@ class Target(Model):
         validations.CrossFieldRule(
             cel="(has(self.selector.matchLabels) && size(self.selector.matchLabels) > 0)"
             " || (has(self.selector.matchExpressions)"
-            " && size(self.selector.matchExpressions) > 0)",
-            message="selector needs matchLabels or matchExpressions: an empty selector would "
-            "select every Pod of the namespace",
+            " && self.selector.matchExpressions.exists(e, e.operator in ['In', 'Exists']))",
+            message="selector needs matchLabels or a matchExpressions requirement with In or "
+            "Exists: an empty selector, or NotIn and DoesNotExist alone, would select every Pod "
+            "of the namespace that lacks a label, future ones included",
             field_path=".selector",
-            holds=lambda t: bool(t.selector.match_labels or t.selector.match_expressions),
+            holds=lambda t: bool(
+                t.selector.match_labels
+                or any(e.operator in ("In", "Exists") for e in t.selector.match_expressions)
+            ),
+        ),
+        *(
+            validations.CrossFieldRule(
+                cel=f"!has(self.{field}) || (type(self.{field}) == int"
+                f" ? self.{field} >= 1 && self.{field} <= 65535"
+                f" : self.{field}.matches('^[0-9]{{1,5}}$')"
+                f" ? int(self.{field}) >= 1 && int(self.{field}) <= 65535"
+                f" : self.{field}.matches('{PORT_NAME_PATTERN}'))",
+                message=f"{field} is a port number (1 to 65535) or a container port's name "
+                "(at most 15 lower-case letters, digits and '-')",
+                field_path=f".{field}",
+                holds=_port_rule(name),
+            )
+            for field, name in (("port", "port"), ("sidecarPort", "sidecar_port"))
         ),
     )
 
@@ -521,11 +574,21 @@ class LoadRule(Model):
         return durations.parse_duration(self.hold_for)
 
 
+PROMETHEUS_URL_PATTERN = (
+    r"^https?://([A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])"
+    r"(:[0-9]{1,5})?(/[-A-Za-z0-9._~%/]*)?$"
+)
+"""Scheme, host, port and path: a query or fragment would add to (or replace) the operator's
+own queries, and user information has no place in a policy anyone in its namespace reads."""
+
+
 class PrometheusSource(Model):
     """Where to query load signals when load.source is prometheus."""
 
-    url: Annotated[str, Field(max_length=2048, pattern=r"^https?://")]
-    """Base URL of the Prometheus HTTP API, e.g. http://prometheus.monitoring:9090."""
+    url: Annotated[str, Field(max_length=2048, pattern=PROMETHEUS_URL_PATTERN)]
+    """Base URL of the Prometheus HTTP API, e.g. http://prometheus.monitoring:9090: a scheme,
+    a host, an optional port and an optional path, nothing else (no query, fragment or user:
+    batchpilot writes every query itself)."""
 
 
 class Load(Model):

@@ -24,6 +24,7 @@ ConditionType = Literal[
     "LeadTimeInsufficient",
     "DrainIneffective",
     "PodsContested",
+    "LimitExceeded",
     "CredentialRefused",
     "CanaryFailed",
 ]
@@ -37,7 +38,8 @@ class Condition(Model):
     type: Annotated[str, Field(max_length=64)]
     """Ready, Progressing, Degraded, InvalidSpec, SignalsUnavailable, LeadTimeInsufficient,
     DrainIneffective, PodsContested (Pods it selects that an older policy governs),
-    CredentialRefused or CanaryFailed (the decided settings failed their canary)."""
+    LimitExceeded (the operator's limits of policies per namespace or Pods per policy leave
+    Pods out), CredentialRefused or CanaryFailed (the decided settings failed their canary)."""
     status: Literal["True", "False", "Unknown"]
     """Whether the condition holds."""
     reason: Annotated[str, Field(max_length=128)] = ""
