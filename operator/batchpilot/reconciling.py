@@ -433,6 +433,7 @@ class Reconciler:
                 per_server=observed.reading.per_server,
                 engines_per_server=observed.reading.engines_per_server,
                 models=policy.target.models,
+                objectives=canaries.objectives_of(policy),
             ),
         )
         seconds = (self.clock() - started).total_seconds()
