@@ -107,7 +107,8 @@ def test_the_sidecar_counts_every_refusal_triton_counts_and_the_rest_is_the_full
         f"{window['requestsSucceeded']:.0f} succeeded, {window['requestsFailed']:.0f} failed"
     )
     assert succeeded + timed_out + queue_full == len(records), "no other kind of failure"
-    assert timed_out > 0 and queue_full > 0, "the profile refuses both ways under this load"
+    assert timed_out > 0, "requests that found the queue empty waited past its timeout"
+    assert queue_full > 0, "requests that found a request queued were refused"
     assert window["requestsFailed"] == timed_out
     assert window["requestsSucceeded"] == succeeded
     assert window["requestsSucceeded"] + window["requestsFailed"] + queue_full == len(records)
