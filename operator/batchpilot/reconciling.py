@@ -373,6 +373,7 @@ class Reconciler:
             replicas=len(replicas),
             wave_seconds=state.measured_wave_seconds,
             contended_wave_seconds=state.contended_wave_seconds(self.contention),
+            through_canary=canaries.leads_through_canary(policy, state.canary),
         )
         return _Observed(replicas, skipped, contested, survey, reading, lead, problem)
 

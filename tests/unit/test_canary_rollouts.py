@@ -11,6 +11,8 @@ import pytest
 from operator_fakes import FakeFleet, FakeGates, FakePods, FakeServer, target
 
 from batchpilot import reconciling, telemetry
+from batchpilot.api import documents
+from batchpilot.applying import canaries
 from batchpilot.applying.replicas import Replica
 from batchpilot.policy import decisions, rendering
 from batchpilot.signals import sources
@@ -494,3 +496,19 @@ async def test_a_canary_within_its_share_of_the_arrivals_refused_nothing() -> No
         await world.reconcile()
     assert world.status["canary"]["phase"] == "Promoted"
     assert "refused" not in world.status["canary"]["figures"]
+
+
+@pytest.mark.looptime
+async def test_the_lead_plans_for_a_canary_until_the_latency_profile_is_proven() -> None:
+    """On bulk, interactive's settings were never served: a switch into it is a canary's."""
+    world = World()
+    await started_on_bulk(world)
+    policy = documents.parse_spec(world.spec)
+    assert canaries.leads_through_canary(policy, world.state.canary)
+    world.spec = copy.deepcopy(world.spec)
+    world.spec["override"] = {"profile": "interactive"}
+    for _ in range(7):
+        await world.reconcile()
+    assert world.status["canary"]["phase"] == "Promoted"
+    assert not canaries.leads_through_canary(policy, world.state.canary), "proven now"
+    assert not canaries.leads_through_canary(policy, reconciling.PolicyMemory().canary)

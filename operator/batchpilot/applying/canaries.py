@@ -172,6 +172,19 @@ class CanaryMemory:
             self.failed.pop(next(iter(self.failed)))
 
 
+def leads_through_canary(policy: specs.BatchPolicySpec, memory: CanaryMemory) -> bool:
+    """Whether a switch that starts before its boundary (into a latency profile) would go
+    through a canary first: the canary is on, the fleet served something of batchpilot's, and
+    a latency profile's settings are not proven (so `leadTime: auto` plans for the analysis)."""
+    if policy.rollout.canary is None or memory.served is None:
+        return False
+    return any(
+        rendering.settings_hash(rendering.render(profile)) not in memory.proven
+        for name, profile in policy.profiles.items()
+        if policy.profile_role(name) == "latency"
+    )
+
+
 @dataclass(frozen=True)
 class Context:
     """One pass's facts the canary needs beyond the rollout's own."""
