@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from collections.abc import Sequence
 
@@ -211,3 +212,16 @@ def test_a_share_within_the_balancing_tolerance_refuses_nothing() -> None:
         for s in shares(10.0)
     ]
     assert judge(unknown).figures.canary_refused == 0.0, "no replica count: no share judged"
+
+
+def test_readings_that_reach_back_into_the_reload_judge_no_share() -> None:
+    """Right after the canary's reload its requests stalled: its first readings count less than
+    its share without refusing anything (a good change was rolled back on them)."""
+    samples = shares(50.0)
+    samples[:4] = [
+        dataclasses.replace(sample, canary=Served(requests=0.0, replicas=1), settled=False)
+        for sample in samples[:4]
+    ]
+    judged = judge(samples)
+    assert judged.figures.canary_refused == 0.0
+    assert judged.verdict == "Promote"

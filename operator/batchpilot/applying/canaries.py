@@ -452,11 +452,23 @@ def _sample(
         return None
     canary = [_served(r, context, since) for r in reachable if r.name in analysis.replicas]
     baseline = [_served(r, context, since) for r in reachable if r.name not in analysis.replicas]
+    assert analysis.started is not None
+    analysed = (context.now - analysis.started).total_seconds()
+    windows = [_window_seconds(r, context) for r in reachable if r.name in analysis.replicas]
     return verdicts.Sample(
         at=context.now,
         canary=_group([served for served in canary if served is not None]),
         baseline=_group([served for served in baseline if served is not None]),
+        settled=all(seconds is not None and seconds <= analysed for seconds in windows),
     )
+
+
+def _window_seconds(replica: Replica, context: Context) -> float | None:
+    """How far back the source's figures of a replica reach (its longest rate window)."""
+    key = _key_of(replica, context.per_server)
+    if key is None:
+        return None
+    return max((rates.seconds for rates in context.per_server[key].values()), default=None)
 
 
 def _served(replica: Replica, context: Context, since: float) -> verdicts.Served | None:

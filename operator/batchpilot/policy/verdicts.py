@@ -70,6 +70,10 @@ class Sample:
     at: datetime.datetime
     canary: Served
     baseline: Served
+    settled: bool = True
+    """The source's rate window of this reading began after the canary took the settings: a
+    reading that reaches back into the reload (requests stalled, counters restarted) says
+    nothing of the canary's share of the arrivals."""
 
 
 @dataclass(frozen=True)
@@ -215,8 +219,8 @@ def _refused(samples: Sequence[Sample]) -> float:
     counted = share = 0.0
     for sample in samples:
         canary, baseline = sample.canary, sample.baseline
-        if not canary.replicas or not baseline.replicas:
-            continue  # how many replicas served is unknown: no share to judge by
+        if not sample.settled or not canary.replicas or not baseline.replicas:
+            continue  # the reload's readings, or no replica count: no share to judge by
         counted += canary.requests
         share += baseline.requests / baseline.replicas * canary.replicas
     if counted >= (1 - SHARE_TOLERANCE) * share:
