@@ -225,3 +225,31 @@ def test_readings_that_reach_back_into_the_reload_judge_no_share() -> None:
     judged = judge(samples)
     assert judged.figures.canary_refused == 0.0
     assert judged.verdict == "Promote"
+
+
+def test_an_llm_switch_to_more_sequences_is_held_to_its_inter_token_objective() -> None:
+    """A bulk with a larger maxNumSeqs doubles the inter-token p95 on purpose: against the
+    replicas still on interactive it fails; against bulk's own objective (itlP95Ms) it passes,
+    and with no objective it is not judged by latency."""
+    limits = canaries.Limits(
+        analysis=datetime.timedelta(seconds=60),
+        min_requests=20,
+        max_failure_rate=0.01,
+        max_p95_ratio=1.5,
+        max_inter_token_p95_ratio=1.3,
+    )
+    samples = [
+        canaries.Sample(
+            at=START + (index + 1) * STEP,
+            canary=Served(requests=10, p95_ms=1800.0, inter_token_p95_ms=62.0 + index % 3),
+            baseline=Served(requests=30, p95_ms=900.0, inter_token_p95_ms=31.0 + index % 2),
+        )
+        for index in range(12)
+    ]
+    end = samples[-1].at
+    assert canaries.judge(samples, limits, START, end).verdict == "Rollback"
+    objective = canaries.Objectives(inter_token_p95_ms=80.0)
+    judged = canaries.judge(samples, limits, START, end, objective)
+    assert judged.verdict == "Promote"
+    assert judged.figures.ratios == {"inter_token_p95_ms": pytest.approx(0.79, abs=0.01)}
+    assert canaries.judge(samples, limits, START, end, canaries.Objectives()).verdict == "Promote"
