@@ -2,6 +2,7 @@
 their sidecars, by the operator as its own process."""
 
 import copy
+import datetime
 import time
 from collections.abc import Callable
 from typing import Any
@@ -112,3 +113,121 @@ def test_a_good_change_is_promoted_and_a_bad_one_rolled_back_and_not_tried_again
     failed = [record for record in records if not record.succeeded]
     seen = [(round(record.scheduled, 2), record.error) for record in failed[:8]]
     assert not failed, f"{len(failed)} failed: {seen}"
+
+
+SWITCH_CANARY = {"replicas": 1, "analysisSeconds": 15, "minRequests": 100}
+"""maxP95Ratio at its default (1.5x): bulk's 20 ms queue delay puts its p95 at about twice
+interactive's under this load, which a comparison with interactive's replicas fails."""
+
+
+@pytest.mark.timeout(300)
+def test_a_scheduled_first_switch_into_bulk_is_promoted_and_in_force(
+    kube: Kube, namespace: str, start_operator: Callable[..., OperatorProcess]
+) -> None:
+    ips = fleet.start_tritons(kube, namespace, 2)
+    start_operator(interval=1.0)
+    opens, window = fleet.interactive_window("bulk", at_least_seconds=25)
+    document = fleet.policy(
+        defaultProfile="interactive",
+        schedule={"timezone": "UTC", "windows": [window]},
+        rollout={"maxUnavailable": 1, "canary": SWITCH_CANARY},
+    )
+    operators.apply_policy(kube, namespace, document)
+    settled = fleet.everyone_serves(ips, "interactive")
+    waiting.wait_for("interactive everywhere", settled, timeout=60)
+    seconds = (opens - datetime.datetime.now(datetime.UTC)).total_seconds() + 60
+    load = clients.PodArrivals(ips, rate=30, seconds=seconds)
+
+    promoted = waiting.wait_for(
+        "bulk's canary promoted",
+        lambda: (
+            canary
+            if (canary := operators.canary_status(kube, namespace, "fleet")).get("profile")
+            == "bulk"
+            and canary.get("phase") in ("Promoted", "RolledBack")
+            else None
+        ),
+        timeout=seconds,
+    )
+    print(f"\n{promoted['phase']} at {promoted.get('verdictTime')}, the window opened {opens}")
+    print(f"{promoted['reason']} ({promoted['figures']})")
+    assert promoted["phase"] == "Promoted", promoted
+    waiting.wait_for("bulk everywhere", fleet.everyone_serves(ips, "bulk"), timeout=30)
+    verdict_at = datetime.datetime.fromisoformat(promoted["verdictTime"])
+    analysis = datetime.timedelta(seconds=SWITCH_CANARY["analysisSeconds"])
+    assert verdict_at >= opens + analysis, "judged over the whole window after the boundary"
+    status = operators.policy_status(kube, namespace, "fleet")
+    assert status["activeProfile"] == "bulk"
+    assert promoted["settingsHash"] in status["settings"]["proven"]
+    assert not status["settings"].get("failed")
+    records = load.stop()
+    failed = [record for record in records if not record.succeeded]
+    assert records, "no request was sent"
+    assert not failed, f"{len(failed)} failed: {[r.error for r in failed[:5]]}"
+
+
+REFUSING = {"maxQueueDelayMicroseconds": 50_000, "queuePolicy": {"maxQueueSize": 1}}
+"""One request queued at a time while it waits 50 ms for a batch: at 30 requests per second per
+Pod, about half the arrivals find it taken and get a 503 that Triton counts nowhere. Its p95
+stays within CANARY's 3x of the others', so only its refusals can fail it."""
+
+
+def max_queue_size(ip: str) -> int | None:
+    served = fleet.served_config(ip)
+    if served is None:
+        return None
+    policy = served.get("dynamic_batching", {}).get("default_queue_policy", {})
+    return int(policy.get("max_queue_size", 0))
+
+
+@pytest.mark.timeout(300)
+def test_a_profile_whose_queue_refuses_is_rolled_back_on_the_canary_only(
+    kube: Kube, namespace: str, start_operator: Callable[..., OperatorProcess]
+) -> None:
+    ips = fleet.start_tritons(kube, namespace, 2)
+    start_operator(interval=1.0)
+    document = fleet.policy(rollout={"maxUnavailable": 1, "canary": CANARY})
+    operators.apply_policy(kube, namespace, document)
+    waiting.wait_for("bulk everywhere", fleet.everyone_serves(ips, "bulk"), timeout=60)
+    load = clients.PodArrivals(ips, rate=30, seconds=120)
+    time.sleep(6)  # the sidecars' 5-s rate windows fill
+
+    refusing = copy.deepcopy(document)
+    refusing["spec"]["profiles"]["bulk"].update(REFUSING)
+    operators.apply_policy(kube, namespace, refusing)
+    trial = waiting.wait_for(
+        "the refusing settings' canary",
+        lambda: (
+            canary_in(kube, namespace, "Analysing")() or canary_in(kube, namespace, "RolledBack")()
+        ),
+        timeout=30,
+    )
+    canary_pod = trial["replicas"][0]
+    others_refusing: set[str] = set()
+
+    def rolled_back() -> dict[str, Any] | None:
+        for name, ip in ips.items():
+            if name != canary_pod and max_queue_size(ip) == 1:
+                others_refusing.add(name)
+        return canary_in(kube, namespace, "RolledBack")()
+
+    verdict = waiting.wait_for("the refusing settings rolled back", rolled_back, timeout=60)
+    print(f"\nrolled back at {load.now():.2f}s of the load: {verdict['reason']}")
+    print(f"figures: {verdict['figures']}")
+    assert verdict["reason"].startswith("failure rate "), verdict
+    assert "refused before Triton counted them" in verdict["reason"]
+    assert others_refusing == set(), "only the canary took the refusing settings"
+    waiting.wait_for(
+        "the canary's queue unbounded again",
+        lambda: max_queue_size(ips[canary_pod]) == 0,
+        timeout=30,
+    )
+    assert operators.events(kube, namespace, "CanaryRolledBack")
+
+    records = load.stop()
+    canary_url = fleet.triton_url(ips[canary_pod])
+    refused = [r for r in records if not r.succeeded and r.server == canary_url]
+    elsewhere = [r for r in records if not r.succeeded and r.server != canary_url]
+    print(f"client: {len(refused)} requests refused on the canary, {len(elsewhere)} elsewhere")
+    assert refused, "the canary's queue refused requests"
+    assert not elsewhere, f"{len(elsewhere)} failed elsewhere: {[r.error for r in elsewhere[:5]]}"

@@ -385,6 +385,7 @@ class Reconciler:
             replicas=len(replicas),
             wave_seconds=state.measured_wave_seconds,
             contended_wave_seconds=state.contended_wave_seconds(self.contention),
+            through_canary=canaries.leads_through_canary(policy, state.canary),
         )
         return _Observed(replicas, skipped, contested, survey, reading, lead, problem, limited)
 
@@ -469,6 +470,7 @@ class Reconciler:
                 per_server=observed.reading.per_server,
                 engines_per_server=observed.reading.engines_per_server,
                 models=policy.target.models,
+                objectives=canaries.objectives_of(policy),
             ),
         )
         seconds = (self.clock() - started).total_seconds()

@@ -10,7 +10,14 @@ profile is edited in turn to:
 - **slow**: a 400 ms queue delay that batches of 32 never fill at this rate (every request
   waits it out);
 - **failing**: a queue policy that rejects a request after 2 ms in the queue, under a 25 ms
-  delay (most requests are rejected).
+  delay (most requests are rejected; Triton counts them as failed);
+- **refusing**: a one-request queue (`maxQueueSize: 1`) under a 25 ms delay: about half the
+  arrivals find it taken and get a 503 that Triton counts nowhere (the canary counts them by
+  its share of the arrivals);
+- **switch**: not an edit of the profile in force but a switch into a bulk the fleet never
+  served (30 ms), from interactive (the fleet is moved there first, by an override, through a
+  canary of its own): judged by bulk's own objectives, of which it has none, and its failures,
+  never by its p95 against interactive's replicas; promoted.
 
 While each change is on trial the canary Pod's served configuration is polled, so what met bad
 settings is counted from the requests the canary Pod answered while it served them. The share
@@ -19,6 +26,7 @@ meet them after the verdict but the requests already queued when the rollback's 
 
     python tests/benchmarks/bench_canary.py           # 4 Pods, a 60 s window, every change
     python tests/benchmarks/bench_canary.py --short   # CI: 2 Pods, a 15 s window, `failing`
+    python tests/benchmarks/bench_canary.py --short --changes refusing,switch
 """
 
 from __future__ import annotations
@@ -51,8 +59,22 @@ CHANGES: dict[str, dict[str, Any]] = {
         "preferredBatchSizes": [32, 64],
         "queuePolicy": {"timeoutAction": "REJECT", "defaultTimeoutMicroseconds": 2000},
     },
+    "refusing": {
+        "maxQueueDelayMicroseconds": 25_000,
+        "preferredBatchSizes": [32, 64],
+        "queuePolicy": {"maxQueueSize": 1},
+    },
+    "switch": {"maxQueueDelayMicroseconds": 30_000, "preferredBatchSizes": [32, 64]},
 }
-EXPECTED = {"good": "Promoted", "slow": "RolledBack", "failing": "RolledBack"}
+EXPECTED = {
+    "good": "Promoted",
+    "slow": "RolledBack",
+    "failing": "RolledBack",
+    "refusing": "RolledBack",
+    "switch": "Promoted",
+}
+SWITCHES = frozenset({"switch"})
+"""Changes that switch into bulk from interactive rather than edit bulk while in force."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,10 +84,10 @@ class Plan:
     changes: tuple[str, ...]
 
 
-def plan(*, short: bool) -> Plan:
+def plan(*, short: bool, changes: Sequence[str] = ()) -> Plan:
     if short:
-        return Plan(pods=2, analysis_seconds=15, changes=("failing",))
-    return Plan(pods=4, analysis_seconds=60, changes=("good", "slow", "failing"))
+        return Plan(pods=2, analysis_seconds=15, changes=tuple(changes) or ("failing",))
+    return Plan(pods=4, analysis_seconds=60, changes=tuple(changes) or tuple(CHANGES))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -118,13 +140,16 @@ class ConfigWatch:
     def served(self, settings: dict[str, Any]) -> tuple[float, float] | None:
         """The first stretch in which the Pod served `settings`' delay and queue policy."""
         wanted_delay = settings["maxQueueDelayMicroseconds"]
-        rejects = "queuePolicy" in settings
+        wanted_queue = settings.get("queuePolicy", {})
         start = end = None
         for at, batching in self.seen:
             delay = int(batching.get("max_queue_delay_microseconds", -1))
             queue = batching.get("default_queue_policy") or {}
-            matches = delay == wanted_delay and (
-                (int(queue.get("default_timeout_microseconds") or 0) != 0) == rejects
+            matches = (
+                delay == wanted_delay
+                and int(queue.get("default_timeout_microseconds") or 0)
+                == wanted_queue.get("defaultTimeoutMicroseconds", 0)
+                and int(queue.get("max_queue_size") or 0) == wanted_queue.get("maxQueueSize", 0)
             )
             if matches and start is None:
                 start = at
@@ -168,8 +193,17 @@ def run_trial(
     change: str,
     the_plan: Plan,
 ) -> Trial:
-    before = operators.canary_status(kube, namespace, "fleet").get("settingsHash")
     settings = CHANGES[change]
+    if change in SWITCHES:
+        on_interactive = copy.deepcopy(document)
+        on_interactive["spec"]["override"] = {"profile": "interactive"}
+        operators.apply_policy(kube, namespace, on_interactive)
+        waiting.wait_for(
+            "interactive everywhere",
+            fleet.everyone_serves(ips, "interactive"),
+            timeout=the_plan.analysis_seconds + 90,
+        )
+    before = operators.canary_status(kube, namespace, "fleet").get("settingsHash")
     edited_at = load.now()
     edited_clock = time.monotonic()
     operators.apply_policy(kube, namespace, with_bulk(document, settings))
@@ -321,9 +355,18 @@ def plot(
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Canaries of new settings under load.")
     parser.add_argument("--short", action="store_true", help="2 Pods, 15 s window, one change")
+    parser.add_argument(
+        "--changes",
+        type=lambda text: [name for name in text.split(",") if name],
+        default=[],
+        help=f"comma-separated, of {', '.join(CHANGES)} (default: the plan's)",
+    )
     benchmarking.output_arguments(parser)
     arguments = parser.parse_args(argv)
-    the_plan = plan(short=arguments.short)
+    unknown = [name for name in arguments.changes if name not in CHANGES]
+    if unknown:
+        parser.error(f"unknown changes: {', '.join(unknown)}")
+    the_plan = plan(short=arguments.short, changes=arguments.changes)
     out_dir: Path = arguments.out
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -343,7 +386,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             document = policy(the_plan.analysis_seconds)
             operators.apply_policy(kube, namespace, document)
             waiting.wait_for("bulk everywhere", fleet.everyone_serves(ips, "bulk"), timeout=90)
-            budget = len(the_plan.changes) * (the_plan.analysis_seconds + 60) + 30
+            switches = sum(change in SWITCHES for change in the_plan.changes)
+            budget = (len(the_plan.changes) + switches) * (the_plan.analysis_seconds + 60) + 30
             load = clients.PodArrivals(ips, rate=RATE_PER_POD, seconds=budget)
             time.sleep(6)  # the sidecars' rate windows fill
             for change in the_plan.changes:

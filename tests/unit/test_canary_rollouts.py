@@ -11,11 +11,13 @@ import pytest
 from operator_fakes import FakeFleet, FakeGates, FakePods, FakeServer, target
 
 from batchpilot import reconciling, telemetry
+from batchpilot.api import documents
+from batchpilot.applying import canaries
 from batchpilot.applying.replicas import Replica
 from batchpilot.policy import decisions, rendering
 from batchpilot.signals import sources
 from batchpilot_triton import reports, scraping
-from builders import spec_document, utc
+from builders import market_hours, spec_document, utc
 
 START = utc(2026, 11, 24, 15)
 CANARY = {"replicas": 1, "analysisSeconds": 30, "minRequests": 100}
@@ -95,6 +97,11 @@ class World:
             clock=lambda: self.now,
             settle_seconds=0,
         )
+
+    def with_spec(self, **fields: Any) -> None:
+        self.spec = copy.deepcopy(self.spec)
+        self.spec.update(fields)
+        self.generation += 1
 
     def edit_profile(self, profile: str, **fields: Any) -> None:
         self.spec = copy.deepcopy(self.spec)
@@ -373,3 +380,135 @@ async def test_settings_too_long_for_the_status_are_kept_in_memory_only() -> Non
     world.edit_profile("bulk", maxQueueDelayMicroseconds=80000)
     await world.reconcile()
     assert world.applies() == ["triton-0"], "what the fleet served is still known in memory"
+
+
+async def started_on_interactive_before_the_close(world: World) -> None:
+    """Market hours (interactive 09:30-16:00 New York): 10:00 there, the first rollout."""
+    world.with_spec(schedule=market_hours())
+    world.all_serving()
+    await world.reconcile()
+    assert world.applies() == ["triton-0", "triton-1", "triton-2", "triton-3"]
+    assert world.status["settings"]["servedProfile"] == "interactive"
+
+
+async def at_the_close(world: World) -> None:
+    """16:00 New York (21:00 UTC): the schedule switches into bulk, which the fleet never served."""
+    world.now = utc(2026, 11, 24, 21)
+    await world.reconcile(seconds=0)
+    assert world.applies() == ["triton-0"], "new settings: a canary"
+    assert world.status["canary"]["phase"] == "Analysing"
+
+
+@pytest.mark.looptime
+async def test_a_scheduled_first_switch_into_a_slower_bulk_is_promoted() -> None:
+    """Bulk trades latency for throughput: its p95 against replicas still on interactive says
+    nothing of whether its settings are right (main rolled it back, and every night after)."""
+    world = World()
+    await started_on_interactive_before_the_close(world)
+    await at_the_close(world)
+    assert "judged by bulk's objectives (none)" in world.events[-1][1]
+    world.figures.serve(world.replicas[0], p95_ms=60.0)  # 3x interactive's, as bulk should
+    for _ in range(6):
+        await world.reconcile()
+    assert world.status["canary"]["phase"] == "Promoted", world.status["canary"]
+    assert "latency not judged" in world.status["canary"]["reason"]
+    assert world.applies() == ["triton-1", "triton-2", "triton-3"]
+    assert set(world.served_delays().values()) == {50000}
+    assert world.status["activeProfile"] == "bulk"
+    assert world.verdicts("promoted") == 1
+
+
+@pytest.mark.looptime
+async def test_a_switch_is_judged_by_the_profile_s_own_objective() -> None:
+    """With an SLO over bulk, the switch is held to bulk's p95 objective, not to interactive's
+    replicas: 60 ms within a 100 ms objective passes; 400 ms is past 1.5x of it."""
+    within = World()
+    await started_on_interactive_before_the_close(within)
+    within.with_spec(slo={"p95LatencyMs": 100, "profiles": ["bulk"], "guard": False})
+    await at_the_close(within)
+    within.figures.serve(within.replicas[0], p95_ms=60.0)
+    for _ in range(6):
+        await within.reconcile()
+    assert within.status["canary"]["phase"] == "Promoted"
+    assert within.status["canary"]["figures"].endswith("p95 0.60x of the objective")
+
+    past = World()
+    await started_on_interactive_before_the_close(past)
+    past.with_spec(slo={"p95LatencyMs": 100, "profiles": ["bulk"], "guard": False})
+    await at_the_close(past)
+    past.figures.serve(past.replicas[0], p95_ms=400.0)
+    for _ in range(6):
+        await past.reconcile()
+    assert past.status["canary"]["phase"] == "RolledBack"
+    assert past.status["canary"]["reason"] == "p95 4.00x its objective (limit 1.5x)"
+    assert past.served_delays() == {f"triton-{n}": 2000 for n in range(4)}
+
+
+@pytest.mark.looptime
+async def test_an_edit_is_still_compared_with_the_replicas_on_the_old_settings() -> None:
+    """The same p95 that a switch may have fails an edit of the profile in force."""
+    world = World()
+    await started_on_bulk(world)
+    world.edit_profile("bulk", maxQueueDelayMicroseconds=80000)
+    await world.reconcile()
+    world.applies()
+    world.figures.serve(world.replicas[0], p95_ms=60.0)
+    for _ in range(6):
+        await world.reconcile()
+    assert world.status["canary"]["reason"] == "p95 3.00x the baseline's (limit 1.5x)"
+
+
+@pytest.mark.looptime
+async def test_settings_whose_queue_refuses_requests_are_rolled_back_on_the_canary_only() -> None:
+    """`maxQueueSize: 1` under load: Triton refuses most arrivals with a 503 and counts none of
+    them (2.51 counts queue timeouts, not a full queue). The canary counted 20 of the 60
+    requests each other replica did: the other 40 were refused."""
+    world = World()
+    await started_on_bulk(world)
+    world.edit_profile("bulk", queuePolicy={"maxQueueSize": 1})
+    await world.reconcile()
+    assert world.applies() == ["triton-0"]
+    world.figures.serve(world.replicas[0], requests=20.0)
+    await world.reconcile()
+    await world.reconcile()
+    canary = world.status["canary"]
+    assert canary["phase"] == "RolledBack", canary
+    assert canary["reason"].startswith("failure rate 66.67%, 80 of them refused before Triton")
+    assert "(80 refused uncounted)" in canary["figures"]
+    assert world.applies() == ["triton-0"], "the canary goes back; no other replica took them"
+    assert world.served_delays() == {f"triton-{n}": 50000 for n in range(4)}
+    queues = {
+        replica.name: settings.dynamic_batching["default_queue_policy"]["max_queue_size"]
+        for replica in world.replicas
+        if (settings := world.fleet.servers[replica.http_url].settings)
+    }
+    assert queues == {f"triton-{n}": 0 for n in range(4)}, "every replica's queue unbounded again"
+
+
+@pytest.mark.looptime
+async def test_a_canary_within_its_share_of_the_arrivals_refused_nothing() -> None:
+    world = World()
+    await started_on_bulk(world)
+    world.edit_profile("bulk", maxQueueDelayMicroseconds=80000)
+    await world.reconcile()
+    world.figures.serve(world.replicas[0], requests=50.0)  # 83% of its share: balancing
+    for _ in range(6):
+        await world.reconcile()
+    assert world.status["canary"]["phase"] == "Promoted"
+    assert "refused" not in world.status["canary"]["figures"]
+
+
+@pytest.mark.looptime
+async def test_the_lead_plans_for_a_canary_until_the_latency_profile_is_proven() -> None:
+    """On bulk, interactive's settings were never served: a switch into it is a canary's."""
+    world = World()
+    await started_on_bulk(world)
+    policy = documents.parse_spec(world.spec)
+    assert canaries.leads_through_canary(policy, world.state.canary)
+    world.spec = copy.deepcopy(world.spec)
+    world.spec["override"] = {"profile": "interactive"}
+    for _ in range(7):
+        await world.reconcile()
+    assert world.status["canary"]["phase"] == "Promoted"
+    assert not canaries.leads_through_canary(policy, world.state.canary), "proven now"
+    assert not canaries.leads_through_canary(policy, reconciling.PolicyMemory().canary)

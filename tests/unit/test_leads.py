@@ -174,3 +174,23 @@ def test_a_contended_wave_longer_than_its_own_sets_the_lead_and_says_so() -> Non
     assert (shorter.wave_seconds, shorter.contended) == (2.0, False)
     unmeasured = leads.lead_for(spec, replicas=2, wave_seconds=None, contended_wave_seconds=3.0)
     assert (unmeasured.wave_seconds, unmeasured.measured) == (3.0, True)
+
+
+def test_auto_lead_plans_a_canary_s_wave_and_analysis_for_settings_not_proven() -> None:
+    """A first switch into a new interactive waits out the canary before the rest follow."""
+    canary = {"replicas": 1, "analysisSeconds": 60}
+    spec = make_spec(schedule=market_hours(), rollout={"maxUnavailable": 2, "canary": canary})
+    proven = leads.lead_for(spec, replicas=8, wave_seconds=3.0)
+    new = leads.lead_for(spec, replicas=8, wave_seconds=3.0, through_canary=True)
+    assert proven.expected_rollout == datetime.timedelta(seconds=12)
+    assert new.expected_rollout == datetime.timedelta(seconds=12 + 3 + 60)
+    assert new.lead == datetime.timedelta(seconds=75 * leads.MARGIN_FACTOR + leads.MARGIN_SECONDS)
+    assert new.describe() == (
+        "4 waves of 3.0s (measured) after a canary's wave and analysis (63s), about 1m15s"
+    )
+    fixed = make_spec(schedule=market_hours(leadTime="30s"), rollout={"canary": canary})
+    assert not leads.lead_for(fixed, replicas=2, wave_seconds=3.0, through_canary=True).sufficient
+    uncanaried = make_spec(schedule=market_hours())
+    assert leads.lead_for(uncanaried, replicas=8, wave_seconds=3.0, through_canary=True) == (
+        leads.lead_for(uncanaried, replicas=8, wave_seconds=3.0)
+    ), "no canary, nothing to wait for"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from collections.abc import Sequence
 
@@ -147,3 +148,108 @@ def test_the_figures_describe_the_window_in_one_line() -> None:
     assert described == (
         "canary 600 requests, 0.00% failed; baseline 1800, 0.00% failed; p95 1.50x; p99 1.50x"
     )
+
+
+def test_a_switch_without_objectives_is_judged_by_its_failures_alone() -> None:
+    """A switch into bulk: 3x interactive's p95 is what bulk is for; nothing predicts bulk's."""
+    slower = readings([60.0] * 12)
+    judged = canaries.judge(slower, LIMITS, START, slower[-1].at, canaries.Objectives())
+    assert judged.verdict == "Promote"
+    assert judged.figures.ratios == {}
+    assert "latency not judged" in judged.reason
+    assert judge(slower).verdict == "Rollback", "as an edit, the same figures fail"
+
+
+def test_a_switch_is_held_to_its_own_objective() -> None:
+    objectives = canaries.Objectives(p95_ms=40.0)
+    within = readings([55.0] * 12)  # 1.38x of 40 ms: within maxP95Ratio
+    judged = canaries.judge(within, LIMITS, START, within[-1].at, objectives)
+    assert judged.verdict == "Promote"
+    assert judged.figures.describe().endswith("p95 1.38x of the objective")
+    past = readings([80.0] * 12)
+    judged = canaries.judge(past, LIMITS, START, past[-1].at, objectives)
+    assert (judged.verdict, judged.reason) == ("Rollback", "p95 2.00x its objective (limit 1.5x)")
+    sparse = readings([80.0, None, None] + [None] * 9)
+    judged = canaries.judge(sparse, LIMITS, START, sparse[-1].at, objectives)
+    assert judged.verdict == "Inconclusive"
+
+
+def test_a_switch_still_fails_on_failures_the_baseline_does_not_have() -> None:
+    failing = readings([60.0] * 3, canary_failures=5.0)
+    judged = canaries.judge(failing, LIMITS, START, failing[-1].at, canaries.Objectives())
+    assert judged.verdict == "Rollback"
+    assert judged.reason.startswith("failure rate 10.00%")
+
+
+def shares(canary_requests: float, *, count: int = 12) -> list[canaries.Sample]:
+    """One canary replica and three baseline replicas serving 50 requests each per reading."""
+    return [
+        canaries.Sample(
+            at=START + (index + 1) * STEP,
+            canary=Served(requests=canary_requests, replicas=1, p95_ms=20.0),
+            baseline=Served(requests=150.0, replicas=3, p95_ms=20.0),
+        )
+        for index in range(count)
+    ]
+
+
+def test_arrivals_a_canary_never_counted_are_failures() -> None:
+    """Triton counts no request its full queue refused: the canary's count falls short of its
+    share of the arrivals, and the shortfall is what its clients saw fail."""
+    judged = judge(shares(10.0, count=3))
+    assert judged.verdict == "Rollback", "120 requests refused of 150: no need to wait"
+    assert judged.figures.canary_refused == 120.0
+    assert judged.figures.canary_requests == 150.0
+    assert judged.reason.startswith("failure rate 80.00%, 120 of them refused before Triton")
+
+
+def test_a_share_within_the_balancing_tolerance_refuses_nothing() -> None:
+    judged = judge(shares(40.0))  # 80% of its share
+    assert judged.verdict == "Promote"
+    assert judged.figures.canary_refused == 0.0
+    unknown = [
+        canaries.Sample(at=s.at, canary=Served(requests=10.0, p95_ms=20.0), baseline=s.baseline)
+        for s in shares(10.0)
+    ]
+    assert judge(unknown).figures.canary_refused == 0.0, "no replica count: no share judged"
+
+
+def test_readings_that_reach_back_into_the_reload_judge_no_share() -> None:
+    """Right after the canary's reload its requests stalled: its first readings count less than
+    its share without refusing anything (a good change was rolled back on them)."""
+    samples = shares(50.0)
+    samples[:4] = [
+        dataclasses.replace(sample, canary=Served(requests=0.0, replicas=1), settled=False)
+        for sample in samples[:4]
+    ]
+    judged = judge(samples)
+    assert judged.figures.canary_refused == 0.0
+    assert judged.verdict == "Promote"
+
+
+def test_an_llm_switch_to_more_sequences_is_held_to_its_inter_token_objective() -> None:
+    """A bulk with a larger maxNumSeqs doubles the inter-token p95 on purpose: against the
+    replicas still on interactive it fails; against bulk's own objective (itlP95Ms) it passes,
+    and with no objective it is not judged by latency."""
+    limits = canaries.Limits(
+        analysis=datetime.timedelta(seconds=60),
+        min_requests=20,
+        max_failure_rate=0.01,
+        max_p95_ratio=1.5,
+        max_inter_token_p95_ratio=1.3,
+    )
+    samples = [
+        canaries.Sample(
+            at=START + (index + 1) * STEP,
+            canary=Served(requests=10, p95_ms=1800.0, inter_token_p95_ms=62.0 + index % 3),
+            baseline=Served(requests=30, p95_ms=900.0, inter_token_p95_ms=31.0 + index % 2),
+        )
+        for index in range(12)
+    ]
+    end = samples[-1].at
+    assert canaries.judge(samples, limits, START, end).verdict == "Rollback"
+    objective = canaries.Objectives(inter_token_p95_ms=80.0)
+    judged = canaries.judge(samples, limits, START, end, objective)
+    assert judged.verdict == "Promote"
+    assert judged.figures.ratios == {"inter_token_p95_ms": pytest.approx(0.79, abs=0.01)}
+    assert canaries.judge(samples, limits, START, end, canaries.Objectives()).verdict == "Promote"

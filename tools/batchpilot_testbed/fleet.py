@@ -47,14 +47,17 @@ BASE_SPEC: dict[str, Any] = {
 """The spec of the e2e tests' policies over the Pods `start_tritons` starts, bulk by default."""
 
 
-def interactive_window() -> tuple[datetime.datetime, dict[str, str]]:
-    """A schedule window of `interactive` opening at a minute boundary at least 50 s away (time
-    for a fleet to settle on bulk and for a lead to start its rollout first), and when it opens."""
+def interactive_window(
+    profile: str = "interactive", *, at_least_seconds: float = 50
+) -> tuple[datetime.datetime, dict[str, str]]:
+    """A schedule window of `profile` opening at a minute boundary at least `at_least_seconds`
+    away (by default, time for a fleet to settle on bulk and for a lead to start its rollout
+    first), and when it opens."""
     now = datetime.datetime.now(datetime.UTC)
-    opens = (now + datetime.timedelta(seconds=50)).replace(second=0, microsecond=0)
-    opens += datetime.timedelta(minutes=1)
+    opens = now + datetime.timedelta(seconds=at_least_seconds)
+    opens = opens.replace(second=0, microsecond=0) + datetime.timedelta(minutes=1)
     window = {
-        "profile": "interactive",
+        "profile": profile,
         "start": opens.strftime("%H:%M"),
         "end": (opens + datetime.timedelta(minutes=10)).strftime("%H:%M"),
     }

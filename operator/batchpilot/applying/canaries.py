@@ -1,4 +1,4 @@
-"""Rollouts with a canary: new settings on a few replicas, judged against the rest, then the
+"""Rollouts with a canary: new settings on a few replicas, judged by what they are for, then the
 fleet or a rollback (`spec.rollout.canary`).
 
 Which settings are new is remembered per settings hash (`rendering.settings_hash`), in memory
@@ -10,10 +10,11 @@ and in the status (`status.settings`), so a restarted operator knows them too:
 - settings that failed their canary are not tried again under the same spec generation: the
   fleet stays on the settings it served, and canary replicas return to them;
 - other settings go to `canary.replicas` replicas first (Rolling); once all of them serve
-  them, they are compared with the others over `canary.analysisSeconds` (Analysing), from the
-  per-replica figures of the policy's signal source, by `batchpilot.policy.verdicts`; then
-  Promoted (the rest follow in the same pass), RolledBack, or Inconclusive (onInconclusive
-  decides which of the two).
+  them, they are judged over `canary.analysisSeconds` (Analysing), from the per-replica figures
+  of the policy's signal source, by `batchpilot.policy.verdicts`: an edit of the profile the
+  fleet serves against the other replicas, a switch into another profile against that
+  profile's own objectives (and the others' failures); then Promoted (the rest follow in the
+  same pass), RolledBack, or Inconclusive (onInconclusive decides which of the two).
 
 Every step is level-based like a plain rollout: a pass finds where the canary stands and moves
 it on; the analysis window itself lives in memory, so a restarted operator starts it afresh.
@@ -62,6 +63,9 @@ class Analysis:
     profile: str
     settings_hash: str
     replicas: tuple[str, ...]
+    objectives: verdicts.Objectives | None = None
+    """For a switch into another profile than the fleet serves: what its latency is judged by
+    (the profile's own objectives); None for an edit, judged against the other replicas."""
     phase: statuses.CanaryPhase = "Rolling"
     started: datetime.datetime | None = None
     last_reading: datetime.datetime | None = None
@@ -170,6 +174,19 @@ class CanaryMemory:
             self.failed.pop(next(iter(self.failed)))
 
 
+def leads_through_canary(policy: specs.BatchPolicySpec, memory: CanaryMemory) -> bool:
+    """Whether a switch that starts before its boundary (into a latency profile) would go
+    through a canary first: the canary is on, the fleet served something of batchpilot's, and
+    a latency profile's settings are not proven (so `leadTime: auto` plans for the analysis)."""
+    if policy.rollout.canary is None or memory.served is None:
+        return False
+    return any(
+        rendering.settings_hash(rendering.render(profile)) not in memory.proven
+        for name, profile in policy.profiles.items()
+        if policy.profile_role(name) == "latency"
+    )
+
+
 @dataclass(frozen=True)
 class Context:
     """One pass's facts the canary needs beyond the rollout's own."""
@@ -185,6 +202,24 @@ class Context:
     """The governed models (empty: every model a server serves)."""
     engines_per_server: Mapping[str, Mapping[str, reports.LlmReport]] = field(default_factory=dict)
     """What the LLM engines measured, by the same URLs."""
+    objectives: Mapping[str, verdicts.Objectives] = field(default_factory=dict)
+    """Each profile's own latency objectives (`objectives_of`), for switches into it."""
+
+
+def objectives_of(policy: specs.BatchPolicySpec) -> dict[str, verdicts.Objectives]:
+    """The SLO's objectives of every profile it governs; profiles it does not govern have none."""
+    slo = policy.slo
+    if slo is None:
+        return {}
+    return {
+        name: verdicts.Objectives(
+            p95_ms=slo.p95_latency_ms,
+            ttft_p95_ms=slo.ttft_p95_ms,
+            inter_token_p95_ms=slo.itl_p95_ms,
+        )
+        for name in policy.profiles
+        if policy.slo_governs(name)
+    }
 
 
 @dataclass(frozen=True)
@@ -268,7 +303,9 @@ class _Pass:
             or not set(analysis.replicas) <= names
         ):
             chosen = tuple(sorted(names)[: spec.replicas])
-            analysis = self.memory.analysis = Analysis(self.plan.profile, wanted, chosen)
+            analysis = self.memory.analysis = Analysis(
+                self.plan.profile, wanted, chosen, self._objectives()
+            )
         if len(reachable) <= len(analysis.replicas):
             alone = (
                 f"no replica to compare with: {len(reachable)} answer, the canary takes "
@@ -288,12 +325,20 @@ class _Pass:
             analysis.phase = "Analysing"
             analysis.started = analysis.last_reading = self.context.now
             analysis.reason = "analysing"
+            others = len(reachable) - len(canaries)
+            if analysis.objectives is None:
+                judged_by = f"compared with the other {others} replicas"
+            else:
+                judged_by = (
+                    f"a switch from {self._served_profile()}: judged by {self.plan.profile}'s "
+                    f"objectives ({analysis.objectives.describe()}) and the other {others} "
+                    "replicas' failures"
+                )
             started = Note(
                 "Normal",
                 "CanaryStarted",
                 f"{self.plan.profile} settings {wanted} on {', '.join(analysis.replicas)}: "
-                f"compared with the other {len(reachable) - len(canaries)} replicas for "
-                f"{spec.analysis_seconds}s",
+                f"{judged_by} for {spec.analysis_seconds}s",
             )
             return Passed(self._others_waiting(trial, "waiting for the canary"), (started,))
         sample = _sample(reachable, analysis, self.context)
@@ -301,11 +346,27 @@ class _Pass:
             analysis.samples.append(sample)
             analysis.last_reading = self.context.now
         assert analysis.started is not None
-        judged = verdicts.judge(analysis.samples, _limits(spec), analysis.started, self.context.now)
+        judged = verdicts.judge(
+            analysis.samples,
+            _limits(spec),
+            analysis.started,
+            self.context.now,
+            analysis.objectives,
+        )
         analysis.figures = judged.figures
         if judged.verdict is None:
             return Passed(self._others_waiting(trial, "waiting for the canary"))
         return await self._conclude(spec, analysis, judged)
+
+    def _served_profile(self) -> str:
+        assert self.memory.served is not None, "a canary runs once the fleet served something"
+        return self.memory.served.profile
+
+    def _objectives(self) -> verdicts.Objectives | None:
+        """None for an edit of the profile the fleet serves; a switch's own objectives."""
+        if self.plan.profile == self._served_profile():
+            return None
+        return self.context.objectives.get(self.plan.profile, verdicts.Objectives())
 
     async def _conclude(
         self, spec: specs.Canary, analysis: Analysis, judged: verdicts.Judgement
@@ -393,11 +454,23 @@ def _sample(
         return None
     canary = [_served(r, context, since) for r in reachable if r.name in analysis.replicas]
     baseline = [_served(r, context, since) for r in reachable if r.name not in analysis.replicas]
+    assert analysis.started is not None
+    analysed = (context.now - analysis.started).total_seconds()
+    windows = [_window_seconds(r, context) for r in reachable if r.name in analysis.replicas]
     return verdicts.Sample(
         at=context.now,
         canary=_group([served for served in canary if served is not None]),
         baseline=_group([served for served in baseline if served is not None]),
+        settled=all(seconds is not None and seconds <= analysed for seconds in windows),
     )
+
+
+def _window_seconds(replica: Replica, context: Context) -> float | None:
+    """How far back the source's figures of a replica reach (its longest rate window)."""
+    key = _key_of(replica, context.per_server)
+    if key is None:
+        return None
+    return max((rates.seconds for rates in context.per_server[key].values()), default=None)
 
 
 def _served(replica: Replica, context: Context, since: float) -> verdicts.Served | None:
@@ -452,6 +525,7 @@ def _group(served: Sequence[verdicts.Served]) -> verdicts.Served:
     return verdicts.Served(
         requests=sum(s.requests for s in served),
         failures=sum(s.failures for s in served),
+        replicas=len(served),
         p95_ms=median([s.p95_ms for s in served if s.p95_ms is not None]),
         p99_ms=median([s.p99_ms for s in served if s.p99_ms is not None]),
         ttft_p95_ms=median([s.ttft_p95_ms for s in served if s.ttft_p95_ms is not None]),

@@ -11,6 +11,11 @@ once: their reloads share the nodes' cores and GPUs (on a 2-core node, eight rel
 together took 3.9 to 9.3 s). So the measured wave is the longest of the
 policy's own recent waves and of the waves of the rollouts that ran beside one of them on the
 same nodes (`Contention`): the busiest rollout a policy took part in is what it plans for.
+
+With a canary (`rollout.canary`), a switch into settings the fleet has not proven first goes to
+the canary replicas and waits out `analysisSeconds` before the rest follow: `auto` plans for
+that wave and that analysis too, so a first switch into a new profile is in force at its
+boundary; a fixed lead shorter than it is reported insufficient.
 """
 
 from __future__ import annotations
@@ -50,6 +55,9 @@ class Lead:
     contended: bool = False
     """The wave time is that of a rollout which ran beside one of this policy's on its nodes,
     longer than any of its own."""
+    canary_seconds: float = 0.0
+    """The canary's own wave and analysis in `expected_rollout`, when the settings a lead
+    switches into are not proven yet; 0 otherwise."""
 
     @property
     def sufficient(self) -> bool:
@@ -64,8 +72,13 @@ class Lead:
             if self.measured
             else "assumed until one is measured"
         )
+        canary = (
+            f" after a canary's wave and analysis ({self.canary_seconds:.0f}s)"
+            if self.canary_seconds
+            else ""
+        )
         return (
-            f"{self.waves} waves of {self.wave_seconds:.1f}s ({source}), about "
+            f"{self.waves} waves of {self.wave_seconds:.1f}s ({source}){canary}, about "
             f"{durations.format_duration(self.expected_rollout.total_seconds())}"
         )
 
@@ -80,9 +93,11 @@ def lead_for(
     replicas: int,
     wave_seconds: float | None,
     contended_wave_seconds: float | None = None,
+    through_canary: bool = False,
 ) -> Lead:
     """The lead `spec` asks for with this many replicas and this measured wave time (its own,
-    and the longest of the rollouts that ran beside its own on its nodes)."""
+    and the longest of the rollouts that ran beside its own on its nodes); `through_canary`
+    when a switch the lead covers goes through a canary first (settings not proven yet)."""
     count = waves(replicas, spec.rollout.max_unavailable)
     contended = contended_wave_seconds is not None and (
         wave_seconds is None or contended_wave_seconds > wave_seconds
@@ -90,13 +105,17 @@ def lead_for(
     if contended:
         wave_seconds = contended_wave_seconds
     per_wave = wave_seconds if wave_seconds is not None else DEFAULT_WAVE_SECONDS
-    expected = datetime.timedelta(seconds=count * per_wave)
+    canary = spec.rollout.canary
+    canary_seconds = per_wave + canary.analysis_seconds if through_canary and canary else 0.0
+    expected = datetime.timedelta(seconds=count * per_wave + canary_seconds)
     asked = spec.schedule.lead_time if spec.schedule else "0s"
     if asked == "auto":
         lead = expected * MARGIN_FACTOR + datetime.timedelta(seconds=MARGIN_SECONDS)
     else:
         lead = datetime.timedelta(seconds=durations.parse_duration(asked))
-    return Lead(lead, expected, count, per_wave, wave_seconds is not None, contended)
+    return Lead(
+        lead, expected, count, per_wave, wave_seconds is not None, contended, canary_seconds
+    )
 
 
 def wave_seconds(seconds: float, *, switched: int, max_unavailable: int) -> float | None:

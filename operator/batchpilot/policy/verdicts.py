@@ -1,16 +1,32 @@
-"""Judging a canary: do the replicas that took new settings serve as well as the rest?
+"""Judging a canary: do the replicas that took new settings serve as they should?
 
-A canary's replicas and the others (the baseline) serve the same model over the same window, so
-the comparison is of ratios and differences, never of absolute figures, which the load and the
-machine decide. Each reading of the fleet gives one `Sample`: what each group served since the
-previous reading. The verdict comes at the end of the analysis window, from all of them:
+A change is judged against what it is for:
+
+- **an edit** (a profile's settings changed while it is in force, a delay autotune recommends)
+  should not change latency: the canary is compared with the replicas still serving the old
+  settings of the same profile (the baseline), by ratios, never by absolute figures, which the
+  load and the machine decide;
+- **a switch into another profile** (interactive to bulk) exists to change latency: comparing
+  bulk with replicas still on interactive would fail every bulk. Its latency is judged against
+  that profile's own objectives (`Objectives`: the SLO's p95, TTFT and inter-token objectives
+  where the SLO governs the profile), and not at all where it has none.
+
+Whatever the change, no profile is meant to fail more than the rest of the fleet, so failures
+are always judged against the baseline. Each reading of the fleet gives one `Sample`: what each
+group served since the previous reading. The verdict comes at the end of the analysis window:
 
 - **failures** are counts: the canary's failure rate over the window, less the baseline's, may
   not pass `max_failure_rate`. Once the canary has served `min_requests` and already failed
   beyond the limit, the verdict comes at once: every further request on bad settings is a cost.
+- **refusals nobody counts**: Triton 2.51 counts a request that timed out in its queue
+  (`nv_inference_request_failure{reason="REJECTED"}`) but not one refused because the queue was
+  full (`maxQueueSize`): the client gets a 503 and no metric or statistic of Triton's moves. Every
+  replica of a fleet gets its share of the arrivals, so a canary that counted far fewer requests
+  per replica than the baseline did (less than `1 - SHARE_TOLERANCE` of it) lost the rest before
+  Triton counted them, and they count as failed.
 - **latency** quantiles are noisy (one slow second, one GC pause), so each reading gives a ratio
-  of canary to baseline, and the window is judged by the median ratio: one slow reading, or
-  fewer than half of them, cannot fail a canary, and no single fast one can pass it.
+  of canary to its reference, and the window is judged by the median ratio: one slow reading,
+  or fewer than half of them, cannot fail a canary, and no single fast one can pass it.
 - **too little to judge** (the canary or the baseline served fewer than `min_requests`, or no
   reading had a quantile on both sides) is inconclusive, and says which.
 """
@@ -29,6 +45,11 @@ LATENCY_READINGS_AT_LEAST = 3
 """Readings with a quantile on both sides that a latency ratio needs: a median of one or two
 is a single moment again."""
 
+SHARE_TOLERANCE = 0.25
+"""How far below its share of the arrivals (the baseline's requests per replica) a canary's
+count may fall before the rest counts as refused: balancing spreads arrivals unevenly over a
+window (a Service picks at random; long-lived connections stick), but not by a quarter."""
+
 
 @dataclass(frozen=True)
 class Served:
@@ -36,6 +57,8 @@ class Served:
 
     requests: float = 0.0
     failures: float = 0.0
+    replicas: int | None = None
+    """How many replicas these figures are of; None when unknown (then no share is judged)."""
     p95_ms: float | None = None
     p99_ms: float | None = None
     ttft_p95_ms: float | None = None
@@ -47,6 +70,10 @@ class Sample:
     at: datetime.datetime
     canary: Served
     baseline: Served
+    settled: bool = True
+    """The source's rate window of this reading began after the canary took the settings: a
+    reading that reaches back into the reload (requests stalled, counters restarted) says
+    nothing of the canary's share of the arrivals."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +88,28 @@ class Limits:
     max_p99_ratio: float | None = None
     max_ttft_p95_ratio: float | None = None
     max_inter_token_p95_ratio: float | None = None
+
+
+@dataclass(frozen=True)
+class Objectives:
+    """What a switch into a profile is judged by: that profile's own latency objectives (ms),
+    each None where the profile has none."""
+
+    p95_ms: float | None = None
+    ttft_p95_ms: float | None = None
+    inter_token_p95_ms: float | None = None
+
+    def of(self, quantile: str) -> float | None:
+        """The objective for a quantile of `Served` (`p95_ms`, ...); p99 has none."""
+        return getattr(self, quantile, None) if quantile != "p99_ms" else None
+
+    def describe(self) -> str:
+        given = [
+            f"{LABELS[name]} {value:g} ms"
+            for name in ("p95_ms", "ttft_p95_ms", "inter_token_p95_ms")
+            if (value := getattr(self, name)) is not None
+        ]
+        return ", ".join(given) or "none"
 
 
 QUANTILES: tuple[tuple[str, str], ...] = (
@@ -88,17 +137,28 @@ class Figures:
     baseline_requests: float
     baseline_failure_rate: float | None
     ratios: dict[str, float]
-    """Median canary/baseline ratio by quantile (`p95_ms`, ...), where it could be measured."""
+    """Median ratio of the canary's quantile to its reference (the baseline's for an edit, the
+    objective for a switch), by quantile (`p95_ms`, ...), where it could be measured."""
+    canary_refused: float = 0.0
+    """Requests the canary's share of the arrivals says it lost before Triton counted them;
+    already in `canary_requests` and `canary_failure_rate`."""
+    against: str = "baseline"
+    """What the ratios are of: `baseline` (an edit) or `objective` (a switch)."""
 
     def describe(self) -> str:
         def rate(value: float | None) -> str:
             return "-" if value is None else f"{100 * value:.2f}%"
 
+        failed = rate(self.canary_failure_rate)
+        canary = f"canary {self.canary_requests:.0f} requests, {failed} failed"
+        if self.canary_refused:
+            canary += f" ({self.canary_refused:.0f} refused uncounted)"
         parts = [
-            f"canary {self.canary_requests:.0f} requests, {rate(self.canary_failure_rate)} failed",
+            canary,
             f"baseline {self.baseline_requests:.0f}, {rate(self.baseline_failure_rate)} failed",
         ]
-        parts += [f"{LABELS[name]} {ratio:.2f}x" for name, ratio in self.ratios.items()]
+        of = "" if self.against == "baseline" else f" of the {self.against}"
+        parts += [f"{LABELS[name]} {ratio:.2f}x{of}" for name, ratio in self.ratios.items()]
         return "; ".join(parts)
 
 
@@ -110,22 +170,36 @@ class Judgement:
     figures: Figures
 
 
-def figures(samples: Sequence[Sample], limits: Limits) -> Figures:
-    canary_requests = sum(sample.canary.requests for sample in samples)
-    canary_failures = sum(sample.canary.failures for sample in samples)
+def figures(
+    samples: Sequence[Sample], limits: Limits, objectives: Objectives | None = None
+) -> Figures:
+    """The window's figures; `objectives` for a switch into another profile (its latency is
+    then judged against them), None for an edit (against the baseline)."""
+    refused = _refused(samples)
+    canary_requests = sum(sample.canary.requests for sample in samples) + refused
+    canary_failures = sum(sample.canary.failures for sample in samples) + refused
     baseline_requests = sum(sample.baseline.requests for sample in samples)
     baseline_failures = sum(sample.baseline.failures for sample in samples)
     ratios = {}
     for name, limit in QUANTILES:
         if getattr(limits, limit) is None:
             continue
-        seen = [
-            canary / baseline
-            for sample in samples
-            if (canary := getattr(sample.canary, name)) is not None
-            and (baseline := getattr(sample.baseline, name)) is not None
-            and baseline > 0
-        ]
+        if objectives is None:
+            seen = [
+                canary / baseline
+                for sample in samples
+                if (canary := getattr(sample.canary, name)) is not None
+                and (baseline := getattr(sample.baseline, name)) is not None
+                and baseline > 0
+            ]
+        elif (objective := objectives.of(name)) is not None:
+            seen = [
+                canary / objective
+                for sample in samples
+                if (canary := getattr(sample.canary, name)) is not None
+            ]
+        else:
+            continue  # nothing says how fast this profile should be: no latency judged
         if len(seen) >= LATENCY_READINGS_AT_LEAST:
             ratios[name] = statistics.median(seen)
     return Figures(
@@ -134,14 +208,36 @@ def figures(samples: Sequence[Sample], limits: Limits) -> Figures:
         baseline_requests=baseline_requests,
         baseline_failure_rate=baseline_failures / baseline_requests if baseline_requests else None,
         ratios=ratios,
+        canary_refused=refused,
+        against="baseline" if objectives is None else "objective",
     )
 
 
+def _refused(samples: Sequence[Sample]) -> float:
+    """The requests the canary did not count of its share of the arrivals (see the module's
+    docstring), over the window; 0 while its count is within SHARE_TOLERANCE of its share."""
+    counted = share = 0.0
+    for sample in samples:
+        canary, baseline = sample.canary, sample.baseline
+        if not sample.settled or not canary.replicas or not baseline.replicas:
+            continue  # the reload's readings, or no replica count: no share to judge by
+        counted += canary.requests
+        share += baseline.requests / baseline.replicas * canary.replicas
+    if counted >= (1 - SHARE_TOLERANCE) * share:
+        return 0.0
+    return share - counted
+
+
 def judge(
-    samples: Sequence[Sample], limits: Limits, started: datetime.datetime, now: datetime.datetime
+    samples: Sequence[Sample],
+    limits: Limits,
+    started: datetime.datetime,
+    now: datetime.datetime,
+    objectives: Objectives | None = None,
 ) -> Judgement:
-    """The verdict on a canary analysed since `started`, from the readings taken since."""
-    found = figures(samples, limits)
+    """The verdict on a canary analysed since `started`, from the readings taken since;
+    `objectives` for a switch into another profile, None for an edit of the one in force."""
+    found = figures(samples, limits, objectives)
     failing = _failing(found, limits)
     if failing is not None and found.canary_requests >= limits.min_requests:
         return Judgement("Rollback", failing, found)
@@ -159,15 +255,37 @@ def judge(
     ]
     if short:
         return Judgement("Inconclusive", "; ".join(short), found)
-    if "p95_ms" not in found.ratios:
+    if objectives is None and "p95_ms" not in found.ratios:
         return Judgement(
             "Inconclusive",
             f"fewer than {LATENCY_READINGS_AT_LEAST} readings had a p95 on both sides",
             found,
         )
+    unmeasured = [
+        LABELS[name]
+        for name, limit in QUANTILES
+        if objectives is not None
+        and getattr(limits, limit) is not None
+        and objectives.of(name) is not None
+        and name not in found.ratios
+    ]
+    if unmeasured:
+        return Judgement(
+            "Inconclusive",
+            f"fewer than {LATENCY_READINGS_AT_LEAST} readings had a {', '.join(unmeasured)} "
+            "to judge against the profile's objective",
+            found,
+        )
     slow = _too_slow(found, limits)
     if slow:
         return Judgement("Rollback", slow, found)
+    if objectives is not None and not found.ratios:
+        return Judgement(
+            "Promote",
+            "no more failures than the baseline; latency not judged: the profile has no "
+            "objective, and a switch is not compared with replicas serving another profile",
+            found,
+        )
     return Judgement("Promote", "within every limit", found)
 
 
@@ -177,8 +295,14 @@ def _failing(found: Figures, limits: Limits) -> str | None:
     excess = found.canary_failure_rate - (found.baseline_failure_rate or 0.0)
     if excess <= limits.max_failure_rate:
         return None
+    refused = (
+        f", {found.canary_refused:.0f} of them refused before Triton counted them (the canary "
+        "counted less than its share of the arrivals)"
+        if found.canary_refused
+        else ""
+    )
     return (
-        f"failure rate {100 * found.canary_failure_rate:.2f}% against the baseline's "
+        f"failure rate {100 * found.canary_failure_rate:.2f}%{refused} against the baseline's "
         f"{100 * (found.baseline_failure_rate or 0.0):.2f}%: more than "
         f"{100 * limits.max_failure_rate:g} points above it"
     )
@@ -190,5 +314,6 @@ def _too_slow(found: Figures, limits: Limits) -> str:
         limit = getattr(limits, limit_name)
         ratio = found.ratios.get(name)
         if limit is not None and ratio is not None and ratio > limit:
-            breaches.append(f"{LABELS[name]} {ratio:.2f}x the baseline's (limit {limit:g}x)")
+            reference = "the baseline's" if found.against == "baseline" else "its objective"
+            breaches.append(f"{LABELS[name]} {ratio:.2f}x {reference} (limit {limit:g}x)")
     return "; ".join(breaches)

@@ -689,8 +689,14 @@ CanaryFallback = Literal["Promote", "Rollback"]
 
 class Canary(Model):
     """Settings the fleet has not served before (a profile whose settings changed, a queue delay
-    autotune recommends) go to a few replicas first; they are compared with the other replicas
-    of the same models over an analysis window, then rolled out to the rest or rolled back.
+    autotune recommends, a profile switched into for the first time) go to a few replicas first
+    and are judged over an analysis window by what the change is for, then rolled out to the
+    rest or rolled back. An edit of the profile in force is compared with the replicas still on
+    its old settings. A switch into another profile is judged by that profile's own SLO
+    objectives (where the SLO governs it; its latency is not judged where none does), never
+    by replicas serving another profile. Failures are always judged against the other
+    replicas, and a canary that counted less than three quarters of its share of the arrivals
+    counts the rest as refused (Triton counts no request its full queue turns away).
     Switches between settings the fleet served before roll straight on, so a canary never makes
     a scheduled switch late, and neither do the SLO guard's emergency changes. A policy's first
     rollout has nothing of batchpilot's to return to, and rolls straight on."""
@@ -704,21 +710,27 @@ class Canary(Model):
     verdict; with fewer it is inconclusive (see onInconclusive)."""
     max_failure_rate: Annotated[float, Field(ge=0.0, le=1.0)] = 0.01
     """How much higher the canary's failure rate may be than the other replicas' (0.01: one
-    percentage point). Past it the canary is rolled back at once, once minRequests were seen."""
+    percentage point), whatever the change; requests refused before Triton counted them (a full
+    queue) count as failed. Past it the canary is rolled back at once, once minRequests were
+    seen."""
     max_p95_ratio: Annotated[float, Field(ge=1.0, le=100.0)] = 1.5
     """The canary's p95 latency over the others' (the median of the readings' ratios, so a
-    slow second does not decide) above which it is rolled back."""
+    slow second does not decide) above which it is rolled back. For a switch into another
+    profile, over that profile's slo.p95LatencyMs instead, and not judged where the SLO does
+    not govern it."""
     max_p99_ratio: Annotated[float, Field(ge=1.0, le=100.0)] | None = None
-    """The same for the p99; not judged when absent."""
+    """The same for the p99, for edits only; not judged when absent."""
     max_ttft_p95_ratio: Annotated[float, Field(ge=1.0, le=100.0)] | None = None
     """For models behind an LLM engine: the same for the p95 time to first token, as the
-    engine measures it; not judged when absent."""
+    engine measures it (for a switch: over slo.ttftP95Ms); not judged when absent."""
     max_inter_token_p95_ratio: Annotated[float, Field(ge=1.0, le=100.0)] | None = None
-    """For models behind an LLM engine: the same for the p95 time between tokens; not judged
-    when absent."""
+    """For models behind an LLM engine: the same for the p95 time between tokens (for a switch:
+    over slo.itlP95Ms); not judged when absent."""
     on_inconclusive: CanaryFallback = "Promote"
     """What happens when the window ends with too little to judge, or when there is no other
-    replica to compare with: Promote (roll out to the rest) or Rollback."""
+    replica to compare with: Promote (roll out to the rest) or Rollback. Promote keeps
+    schedules on time but lets settings nobody judged reach the whole fleet; either way the
+    canary's phase is Inconclusive and a CanaryInconclusive event and metric say so."""
 
 
 class Rollout(Model):
