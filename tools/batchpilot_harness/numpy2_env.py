@@ -15,19 +15,16 @@ and a lock keeps two builds apart.
 
 from __future__ import annotations
 
-import argparse
-import fcntl
 import hashlib
 import os
 import shutil
-import subprocess
 import sys
 import sysconfig
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from batchpilot_harness import local_triton
+from batchpilot_harness import cached_envs, local_triton
 
 NUMPY_VERSION = "2.4.6"
 """The newest NumPy 2 for Python 3.11 on PyPI here; the GPU machines' 2.5 needs Python 3.12."""
@@ -35,7 +32,7 @@ ENVIRONMENT_ENV = "BATCHPILOT_NUMPY2_ENV"
 """Use this virtualenv instead of the cached one (its NumPy must be 2.x)."""
 
 
-class Numpy2EnvironmentError(RuntimeError):
+class Numpy2EnvironmentError(cached_envs.EnvironmentBuildError):
     pass
 
 
@@ -65,26 +62,11 @@ def is_built(environment: Path | None = None) -> bool:
 
 def build(*, say: Callable[[str], None] = print) -> Path:
     """The environment, built first if it is not there yet."""
-    target = environment_dir()
-    if is_built(target):
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with (target.parent / f".{target.name}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not is_built(target):
-            _build(target, say)
-    return target
+    return cached_envs.build_once(environment_dir(), is_built=is_built, build=_build, say=say)
 
 
 def _run(argv: Sequence[str], say: Callable[[str], None]) -> str:
-    say("  $ " + " ".join(argv[:6]) + (" ..." if len(argv) > 6 else ""))
-    completed = subprocess.run(argv, capture_output=True, text=True, check=False)  # noqa: S603
-    if completed.returncode != 0:
-        raise Numpy2EnvironmentError(
-            f"{argv[0]} {' '.join(argv[1:4])} failed ({completed.returncode}):\n"
-            f"{(completed.stdout + completed.stderr)[-3000:]}"
-        )
-    return completed.stdout
+    return cached_envs.run_step(argv, say, error=Numpy2EnvironmentError)
 
 
 def _build(target: Path, say: Callable[[str], None]) -> None:
@@ -128,14 +110,7 @@ def _build(target: Path, say: Callable[[str], None]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.parse_args(argv)
-    try:
-        print(build())
-    except Numpy2EnvironmentError as error:
-        print(error, file=sys.stderr)
-        return 1
-    return 0
+    return cached_envs.command(build, __doc__.splitlines()[0] if __doc__ else None, argv)
 
 
 if __name__ == "__main__":
