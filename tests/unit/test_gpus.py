@@ -243,25 +243,23 @@ async def dcgm_url() -> AsyncIterator[str]:
     await runner.cleanup()
 
 
-async def test_the_monitor_reads_this_pods_gpus_from_dcgm_in_a_pod(dcgm_url: str) -> None:
-    monitor = gpus.GpuMonitor(
-        reader(FakeNvml()), dcgm_url=dcgm_url, pod=gpus.PodRef("other-0", "ml")
-    )
+async def read_once(monitor: gpus.GpuMonitor) -> gpus.GpuTelemetry:
     try:
-        telemetry = await monitor.read()
+        return await monitor.read()
     finally:
         await monitor.close()
+
+
+async def test_the_monitor_reads_this_pods_gpus_from_dcgm_in_a_pod(dcgm_url: str) -> None:
+    pod = gpus.PodRef("other-0", "ml")
+    telemetry = await read_once(gpus.GpuMonitor(reader(FakeNvml()), dcgm_url=dcgm_url, pod=pod))
     assert telemetry.source == "dcgm"
     assert [gpu.uuid for gpu in telemetry.gpus] == ["GPU-bbbb"]
 
 
 async def test_a_dcgm_page_over_the_cap_is_cut_off_and_said_so(dcgm_url: str) -> None:
     huge = dcgm_url.replace("/metrics", "/huge")
-    monitor = gpus.GpuMonitor(reader(FakeNvml()), dcgm_url=huge)
-    try:
-        telemetry = await monitor.read()
-    finally:
-        await monitor.close()
+    telemetry = await read_once(gpus.GpuMonitor(reader(FakeNvml()), dcgm_url=huge))
     assert not telemetry.available
     assert telemetry.reason is not None
     assert telemetry.reason.endswith("the answer is larger than 4 MiB; cut off there")
@@ -269,11 +267,7 @@ async def test_a_dcgm_page_over_the_cap_is_cut_off_and_said_so(dcgm_url: str) ->
 
 async def test_a_dcgm_redirect_is_not_followed(dcgm_url: str) -> None:
     moved = dcgm_url.replace("/metrics", "/moved")
-    monitor = gpus.GpuMonitor(reader(FakeNvml()), dcgm_url=moved)
-    try:
-        telemetry = await monitor.read()
-    finally:
-        await monitor.close()
+    telemetry = await read_once(gpus.GpuMonitor(reader(FakeNvml()), dcgm_url=moved))
     assert not telemetry.available
     assert telemetry.reason is not None
     assert telemetry.reason.endswith(f"DCGM exporter {moved}: HTTP 307 Temporary Redirect")
