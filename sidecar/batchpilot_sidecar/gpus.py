@@ -256,6 +256,10 @@ class PodRef:
         return self.namespace is None or labels.get("namespace") == self.namespace
 
 
+class DcgmUnreadable(Exception):
+    """The exporter's page could not be had; the message says why in words safe to show."""
+
+
 class DcgmPageError(ValueError):
     """The page cannot say which GPUs are this Pod's."""
 
@@ -354,8 +358,14 @@ class GpuMonitor:
                 return GpuTelemetry(source=None, reason=f"{telemetry.reason}; {why}")
         try:
             readings = parse_dcgm(await self._dcgm_page(self.dcgm_url), pod=self.pod)
-        except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as error:
-            why = f"DCGM exporter {self.dcgm_url}: {error or type(error).__name__}"
+        except (DcgmUnreadable, DcgmPageError) as error:
+            why = f"DCGM exporter {self.dcgm_url}: {error}"
+        except ValueError:
+            # The parser's message quotes the page's own lines: said by kind only.
+            why = f"DCGM exporter {self.dcgm_url}: its page is not Prometheus' text format"
+        else:
+            why = None
+        if why is not None:
             self._dcgm_failed = (self._clock(), why)
             return GpuTelemetry(source=None, reason=f"{telemetry.reason}; {why}")
         self._dcgm_failed = None
@@ -394,12 +404,19 @@ class GpuMonitor:
             # name does not resolve (a cluster without the GPU Operator), lookups cannot pile up.
             self._resolver = responses.OwnThreadResolver()
             connector = aiohttp.TCPConnector(resolver=self._resolver, limit=1)
-            self._session = aiohttp.ClientSession(
+            # A redirect is an error, as for every client of a server someone else names.
+            self._session = responses.client_session(
                 connector=connector, timeout=aiohttp.ClientTimeout(total=self.timeout)
             )
-        # Never followed: a redirect would send this read where the page's server says.
-        async with self._session.get(url, allow_redirects=False) as response:
-            if response.status != 200:
-                raise aiohttp.ClientError(responses.refusal(response.status, response.reason))
-            page = await responses.read_capped(response, responses.METRICS_PAGE_BYTES)
+        try:
+            async with self._session.get(url) as response:
+                if response.status != 200:
+                    raise DcgmUnreadable(responses.refusal(response.status))
+                page = await responses.read_capped(response, responses.METRICS_PAGE_BYTES)
+        except aiohttp.ClientError as error:
+            raise DcgmUnreadable(responses.client_error_text(error)) from None
+        except TimeoutError:
+            raise DcgmUnreadable(f"no answer within {self.timeout:g} s") from None
+        except OSError as error:  # the resolver's refusal while a lookup hangs
+            raise DcgmUnreadable(responses.excerpt(str(error))) from None
         return page.decode(errors="replace")

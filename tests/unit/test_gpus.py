@@ -231,10 +231,18 @@ async def dcgm_url() -> AsyncIterator[str]:
     async def moved(_: web.Request) -> web.Response:
         raise web.HTTPTemporaryRedirect("/metrics")
 
+    async def garbled(_: web.Request) -> web.Response:
+        return web.Response(text="DCGM_FI_DEV_GPU_UTIL{gpu=0 secret-looking words\n")
+
+    async def down(_: web.Request) -> web.Response:
+        return web.Response(status=503, reason="anything the server likes", text="a body")
+
     app = web.Application()
     app.router.add_get("/metrics", page)
     app.router.add_get("/huge", huge)
     app.router.add_get("/moved", moved)
+    app.router.add_get("/garbled", garbled)
+    app.router.add_get("/down", down)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     (port,) = local_triton.free_ports("127.0.0.1", 1)
@@ -270,7 +278,27 @@ async def test_a_dcgm_redirect_is_not_followed(dcgm_url: str) -> None:
     telemetry = await read_once(gpus.GpuMonitor(reader(FakeNvml()), dcgm_url=moved))
     assert not telemetry.available
     assert telemetry.reason is not None
-    assert telemetry.reason.endswith(f"DCGM exporter {moved}: HTTP 307 Temporary Redirect")
+    assert telemetry.reason.endswith(
+        f"DCGM exporter {moved}: answered HTTP 307, a redirect, which is not followed"
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "said"),
+    [
+        ("/garbled", "its page is not Prometheus' text format"),
+        ("/down", "HTTP 503 Service Unavailable"),
+    ],
+)
+async def test_what_a_dcgm_exporter_answered_is_said_by_kind_never_quoted(
+    dcgm_url: str, path: str, said: str
+) -> None:
+    url = dcgm_url.replace("/metrics", path)
+    telemetry = await read_once(gpus.GpuMonitor(reader(FakeNvml()), dcgm_url=url))
+    assert telemetry.reason is not None
+    assert telemetry.reason.endswith(f"DCGM exporter {url}: {said}")
+    assert "secret-looking" not in telemetry.reason
+    assert "anything the server likes" not in telemetry.reason
 
 
 async def test_the_monitor_falls_back_to_dcgm_when_nvml_gives_nothing(dcgm_url: str) -> None:
