@@ -359,15 +359,10 @@ class GpuMonitor:
         try:
             readings = parse_dcgm(await self._dcgm_page(self.dcgm_url), pod=self.pod)
         except (DcgmUnreadable, DcgmPageError) as error:
-            why = f"DCGM exporter {self.dcgm_url}: {error}"
+            return self._dcgm_failure(telemetry, str(error))
         except ValueError:
             # The parser's message quotes the page's own lines: said by kind only.
-            why = f"DCGM exporter {self.dcgm_url}: its page is not Prometheus' text format"
-        else:
-            why = None
-        if why is not None:
-            self._dcgm_failed = (self._clock(), why)
-            return GpuTelemetry(source=None, reason=f"{telemetry.reason}; {why}")
+            return self._dcgm_failure(telemetry, "its page is not Prometheus' text format")
         self._dcgm_failed = None
         if not readings:
             whose = f" of Pod {self.pod.namespace or '*'}/{self.pod.name}" if self.pod else ""
@@ -376,6 +371,12 @@ class GpuMonitor:
                 reason=f"{telemetry.reason}; DCGM exporter {self.dcgm_url} reports no GPU{whose}",
             )
         return GpuTelemetry(source="dcgm", gpus=readings)
+
+    def _dcgm_failure(self, telemetry: GpuTelemetry, said: str) -> GpuTelemetry:
+        """NVML's reason and the exporter's, remembered until the next try is due."""
+        why = f"DCGM exporter {self.dcgm_url}: {said}"
+        self._dcgm_failed = (self._clock(), why)
+        return GpuTelemetry(source=None, reason=f"{telemetry.reason}; {why}")
 
     async def _read_nvml(self) -> GpuTelemetry:
         """NVML's reading, or why there is none within `timeout` (a driver that hangs holds one
