@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from batchpilot_harness.gpuchecks import accounting, devices, findings, verdicts
+from batchpilot_harness.gpuchecks import accounting, devices, findings, plans, verdicts
 from batchpilot_triton import reports
 
 FITTED = reports.StepTimeReport(
@@ -76,7 +76,7 @@ def run(
     *,
     sent: list[accounting.Request] | None = None,
     scheduled: int | None = None,
-    device: str = "cuda",
+    device: plans.Device = "cuda",
     comparisons: tuple[findings.Comparison, ...] | None = None,
     step_time: reports.StepTimeReport | None = FITTED,
     problems: tuple[str, ...] = (),

@@ -25,19 +25,23 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from batchpilot_triton import reports
 
-SMI_FIELDS = (
-    "index",
-    "uuid",
-    "name",
-    "driver_version",
-    "utilization.gpu",
-    "memory.used",
-    "memory.total",
-    "power.draw",
-    "power.limit",
-    "clocks.sm",
-    "temperature.gpu",
-)
+SMI_OTHER_NAMES: Mapping[str, tuple[str, ...]] = {
+    "index": (),
+    "uuid": ("gpu_uuid",),
+    "name": ("gpu_name",),
+    "driver_version": (),
+    "utilization.gpu": (),
+    "memory.used": (),
+    "memory.total": (),
+    "power.draw": ("power.draw.average", "power.draw.instant"),
+    "power.limit": ("enforced.power.limit",),
+    "clocks.sm": ("clocks.current.sm",),
+    "temperature.gpu": (),
+}
+"""Each field nvidia-smi is asked for, in order, with the other header names it may answer it
+with: asked for `clocks.sm`, the driver on the lent H200 (580.159) wrote `clocks.current.sm
+[MHz]`, the long form of the name."""
+SMI_FIELDS = tuple(SMI_OTHER_NAMES)
 SMI_COMMAND = ("nvidia-smi", f"--query-gpu={','.join(SMI_FIELDS)}", "--format=csv,nounits")
 _SMI_TIMEOUT_SECONDS = 20.0
 # What nvidia-smi writes where a field has no value: [N/A], [Not Supported], [Unknown Error].
@@ -74,32 +78,12 @@ def _text(text: str) -> str | None:
     return None if _NO_VALUE.match(text) else text
 
 
-SMI_ALIASES: Mapping[str, frozenset[str]] = {
-    field: frozenset(names)
-    for field, *names in (
-        ("index", "index"),
-        ("uuid", "uuid", "gpu_uuid"),
-        ("name", "name", "gpu_name"),
-        ("driver_version", "driver_version"),
-        ("utilization.gpu", "utilization.gpu"),
-        ("memory.used", "memory.used"),
-        ("memory.total", "memory.total"),
-        ("power.draw", "power.draw", "power.draw.average", "power.draw.instant"),
-        ("power.limit", "power.limit", "enforced.power.limit"),
-        ("clocks.sm", "clocks.sm", "clocks.current.sm"),
-        ("temperature.gpu", "temperature.gpu"),
-    )
-}
-"""Each queried field and the header names nvidia-smi may answer it with: asked for `clocks.sm`,
-the driver on the lent H200 (580.159) wrote `clocks.current.sm [MHz]`, the long form of the name."""
-
-
 def _columns(header: Sequence[str]) -> dict[str, int]:
     """Each queried field's column, found by any of its names."""
     names = [re.sub(r"\s*\[.*\]$", "", cell.strip()) for cell in header]
     columns = {}
-    for field, aliases in SMI_ALIASES.items():
-        found = [position for position, name in enumerate(names) if name in aliases]
+    for field, others in SMI_OTHER_NAMES.items():
+        found = [position for position, name in enumerate(names) if name in {field, *others}]
         if found:
             columns[field] = found[0]
     absent = [field for field in SMI_FIELDS if field not in columns]

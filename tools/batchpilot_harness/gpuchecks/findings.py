@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from batchpilot_harness.gpuchecks import accounting, devices
+from batchpilot_harness.gpuchecks import accounting, devices, plans
 from batchpilot_triton import reports
 
 
@@ -24,7 +24,7 @@ class Comparison:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Findings:
     plan: str
-    device: str
+    device: plans.Device
     """cuda or cpu: what the readings are compared against depends on it."""
     gpu: int
     """The NVML index of the GPU the model ran on (cuda)."""
