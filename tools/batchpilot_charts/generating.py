@@ -71,17 +71,43 @@ def rendered(repository: Path, *, helm: Path) -> dict[Path, str]:
     return {**files, **_manifests(repository, files, helm=helm)}
 
 
+def changed_files(files: Mapping[Path, str]) -> list[Path]:
+    """The files that do not read as rendered (those missing included)."""
+    return [
+        path
+        for path, text in files.items()
+        if not path.exists() or path.read_text(encoding="utf-8") != text
+    ]
+
+
 def stale_files(repository: Path, files: Mapping[Path, str]) -> list[Path]:
     """The files that do not read as rendered, and the chart's copies of CRDs gone from crds/."""
     leftovers = [
         path for path in sorted((repository / CHART / "crds").glob("*")) if path not in files
     ]
-    changed = [
-        path
-        for path, text in files.items()
-        if not path.exists() or path.read_text(encoding="utf-8") != text
-    ]
-    return leftovers + changed
+    return leftovers + changed_files(files)
+
+
+def bring_up_to_date(
+    repository: Path, files: Mapping[Path, str], stale: list[Path], *, check: bool, command: str
+) -> int:
+    """Write the stale files as rendered (and remove those `files` does not hold), or, with
+    `check`, only name them and return 1, saying to run `command`."""
+    for path in stale:
+        name = path.relative_to(repository)
+        if check:
+            print(f"stale: {name}", file=sys.stderr)
+        elif path in files:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(files[path], encoding="utf-8")
+            print(f"wrote: {name}", file=sys.stderr)
+        else:
+            path.unlink()
+            print(f"removed: {name}", file=sys.stderr)
+    if stale and check:
+        print(f"run `{command}` to regenerate them", file=sys.stderr)
+        return 1
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,18 +136,4 @@ def main(argv: list[str] | None = None) -> int:
     repository: Path = arguments.repository
     files = rendered(repository, helm=arguments.helm)
     stale = stale_files(repository, files)
-    for path in stale:
-        name = path.relative_to(repository)
-        if arguments.check:
-            print(f"stale: {name}", file=sys.stderr)
-        elif path in files:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(files[path], encoding="utf-8")
-            print(f"wrote: {name}", file=sys.stderr)
-        else:
-            path.unlink()
-            print(f"removed: {name}", file=sys.stderr)
-    if stale and arguments.check:
-        print(f"run `{COMMAND}` to regenerate them", file=sys.stderr)
-        return 1
-    return 0
+    return bring_up_to_date(repository, files, stale, check=arguments.check, command=COMMAND)

@@ -9,9 +9,9 @@ does for the CRD.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
+from batchpilot_charts import generating as charts_generating
 from batchpilot_docs import commands, formats, policies, signals
 
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -30,14 +30,6 @@ def rendered(repository: Path) -> dict[Path, str]:
     }
 
 
-def stale_pages(pages: dict[Path, str]) -> list[Path]:
-    return [
-        path
-        for path, text in pages.items()
-        if not path.exists() or path.read_text(encoding="utf-8") != text
-    ]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=formats.GENERATOR, description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -52,16 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     arguments = parser.parse_args(argv)
     repository: Path = arguments.repository
     pages = rendered(repository)
-    stale = stale_pages(pages)
-    for path in stale:
-        name = path.relative_to(repository)
-        if arguments.check:
-            print(f"stale: {name}", file=sys.stderr)
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(pages[path], encoding="utf-8")
-            print(f"wrote: {name}", file=sys.stderr)
-    if stale and arguments.check:
-        print(f"run `{formats.GENERATOR}` (or `make docs`) to regenerate them", file=sys.stderr)
-        return 1
-    return 0
+    return charts_generating.bring_up_to_date(
+        repository,
+        pages,
+        charts_generating.changed_files(pages),
+        check=arguments.check,
+        command="make docs",
+    )
