@@ -64,15 +64,13 @@ E2E_SIDE_BY_SIDE = (
     "load",
 )
 
+BUILDS = ("deps", "k8s-bins", "grafana", "llm-env", "numpy2-env", "images")
+
 BEFORE_THE_LANES = (
     Stage("lint", (*MAKE, "lint")),
     # Side by side where their inputs allow (make -j): the Go builds share the cores, the LLM
     # environment and the images mostly wait on downloads and disk.
-    Stage(
-        "builds",
-        (*MAKE, "-j", "4", "--output-sync=line",
-         "deps", "k8s-bins", "grafana", "llm-env", "numpy2-env", "images"),
-    ),  # fmt: skip
+    Stage("builds", (*MAKE, "-j", "4", "--output-sync=line", *BUILDS)),
 )
 
 LANES = (
