@@ -88,8 +88,9 @@ LANES = (
         "cluster",
         (
             Stage("cluster up", (PYTHON, "-m", "batchpilot_cluster", "up")),
-            Stage("e2e", (*PYTEST, *E2E_SIDE_BY_SIDE, "--durations=15")),
-            Stage("e2e alone", (*PYTEST, "e2e", "--e2e", "-m", "cluster_wide", "--durations=10")),
+            # -v: a line per test as it ends, so the log shows the workers' progress.
+            Stage("e2e", (*PYTEST, *E2E_SIDE_BY_SIDE, "-v", "--durations=15")),
+            Stage("e2e alone", (*PYTEST, "e2e", "--e2e", "-m", "cluster_wide", "-v")),
             Stage(
                 "cluster benchmarks",
                 (*PYTEST, "tests/benchmarks", "-m", "benchmark and cluster", "-s"),
