@@ -131,6 +131,10 @@ def test_the_plan_runs_the_cluster_wide_e2e_tests_alone_and_always_stops_the_clu
         if "tests/benchmarks" in stage.command
     ]
     assert sorted(benchmarks) == ["benchmark and cluster", "benchmark and not cluster"]
+    stages = [stage for lane in suite.LANES for stage in lane.stages]
+    assert [stage.name for stage in stages if suite.LLM_TESTS in stage.command] == ["LLM tests"]
+    (tests,) = [stage for stage in stages if stage.name == "tests"]
+    assert f"--ignore={suite.LLM_TESTS}" in tests.command, "the LLM tests would run twice"
 
 
 def test_the_report_gives_the_wall_clock_when_lanes_overlapped(tmp_path: Path) -> None:

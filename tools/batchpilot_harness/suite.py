@@ -3,13 +3,15 @@
 Most of the suite's time is waiting (reloads, rollouts, Prometheus scrapes, schedule windows),
 not computing, so it runs in two lanes at once once the linters and builds are done:
 
-- the local lane: `pytest tests` (unit, integration: local Tritons, Prometheus, Grafana,
-  containerd), then the benchmarks that need no cluster;
-- the cluster lane: one local cluster for everything that needs one. The e2e tests that keep
-  to their own namespace run two at a time on it (pytest-xdist); those marked `cluster_wide`
-  (they stop the control plane or the node, or install an operator that serves every
-  namespace) run after them, one at a time, with nothing else on the cluster; then the cluster
-  benchmarks. The cluster is stopped at the end, whatever failed.
+- the local lane: the benchmarks that need no cluster and the LLM tests first (they load the
+  cores most), then the rest of `pytest tests` (unit, integration: local Tritons, Prometheus,
+  Grafana, containerd);
+- the cluster lane: one local cluster for everything that needs one. The cluster benchmarks
+  first (beside the local lane's heavy start: their figures are printed, never asserted), then
+  the e2e tests that keep to their own namespace, two at a time (pytest-xdist), then those
+  marked `cluster_wide` (they stop the control plane or the node, or install an operator that
+  serves every namespace) one at a time, with nothing else on the cluster. The cluster is
+  stopped at the end, whatever failed.
 
 A stage that fails ends its lane (the other lane goes on, so one run says everything that is
 wrong); the cluster's stop runs anyway. Each stage is timed by `suite_timings`, and the end
@@ -73,28 +75,33 @@ BEFORE_THE_LANES = (
     Stage("builds", (*MAKE, "-j", "4", "--output-sync=line", *BUILDS)),
 )
 
+LLM_TESTS = "tests/integration/test_llm.py"
+"""The vLLM engine on CPU takes both cores while it runs: these run while the cluster lane runs
+its benchmarks (figures printed, nothing timed asserted), never beside the e2e tests."""
+
 LANES = (
     Lane(
         "local",
         (
-            Stage("tests", (*PYTEST, "tests", "--durations=15")),
             Stage(
                 "benchmarks",
                 (*PYTEST, "tests/benchmarks", "-m", "benchmark and not cluster", "-s"),
             ),
+            Stage("LLM tests", (*PYTEST, LLM_TESTS)),
+            Stage("tests", (*PYTEST, "tests", f"--ignore={LLM_TESTS}", "--durations=15")),
         ),
     ),
     Lane(
         "cluster",
         (
             Stage("cluster up", (PYTHON, "-m", "batchpilot_cluster", "up")),
-            # -v: a line per test as it ends, so the log shows the workers' progress.
-            Stage("e2e", (*PYTEST, *E2E_SIDE_BY_SIDE, "-v", "--durations=15")),
-            Stage("e2e alone", (*PYTEST, "e2e", "--e2e", "-m", "cluster_wide", "-v")),
             Stage(
                 "cluster benchmarks",
                 (*PYTEST, "tests/benchmarks", "-m", "benchmark and cluster", "-s"),
             ),
+            # -v: a line per test as it ends, so the log shows the workers' progress.
+            Stage("e2e", (*PYTEST, *E2E_SIDE_BY_SIDE, "-v", "--durations=15")),
+            Stage("e2e alone", (*PYTEST, "e2e", "--e2e", "-m", "cluster_wide", "-v")),
             Stage("cluster down", (PYTHON, "-m", "batchpilot_cluster", "down"), always=True),
         ),
     ),
