@@ -160,9 +160,11 @@ e2e: venv deps k8s-bins images
 # benchmarks. The plan is batchpilot_harness.suite (`python -m batchpilot_harness.suite
 # --plan` prints it). Each stage is timed, and so is each test's setup, body and teardown; the
 # end prints the stages' times and the 25 slowest tests with what they wait on, also when a
-# stage fails, so CI's log always says where the time went.
+# stage fails, so CI's log always says where the time went. `make test
+# SUITE_ARGS=--one-lane-at-a-time` runs the lanes one after the other.
+SUITE_ARGS ?=
 test: venv
-	$(PY) -m batchpilot_harness.suite
+	$(PY) -m batchpilot_harness.suite $(SUITE_ARGS)
 
 # The e2e control plane: Kubernetes, etcd, kwok and helm built from Go modules once per version
 # into ${BATCHPILOT_CACHE:-~/.cache/batchpilot} (slow the first time), run on loopback from .run/.

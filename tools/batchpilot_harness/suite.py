@@ -154,13 +154,13 @@ def run_lane(folder: Path, lane: Lane, output: _Output) -> int:
     return status
 
 
-def run(folder: Path, *, out: TextIO = sys.stdout) -> int:
+def run(folder: Path, *, side_by_side: bool = True, out: TextIO = sys.stdout) -> int:
     suite_timings.reset(folder)
     output = _Output(out)
     started = time.monotonic()
     status = run_lane(folder, Lane("first", BEFORE_THE_LANES), output)
     if status == 0:
-        with concurrent.futures.ThreadPoolExecutor(len(LANES)) as pool:
+        with concurrent.futures.ThreadPoolExecutor(len(LANES) if side_by_side else 1) as pool:
             statuses = list(pool.map(lambda lane: run_lane(folder, lane, output), LANES))
         status = max(statuses)
     suite_timings.record_suite(folder, time.monotonic() - started)
@@ -181,11 +181,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m batchpilot_harness.suite")
     parser.add_argument("--folder", type=Path, default=suite_timings.DEFAULT_FOLDER)
     parser.add_argument("--plan", action="store_true", help="print what would run, run nothing")
+    parser.add_argument(
+        "--one-lane-at-a-time",
+        action="store_true",
+        help="run the lanes one after the other (a machine that other work keeps busy)",
+    )
     arguments = parser.parse_args(argv)
     if arguments.plan:
         print(plan())
         return 0
-    return run(arguments.folder)
+    return run(arguments.folder, side_by_side=not arguments.one_lane_at_a_time)
 
 
 if __name__ == "__main__":
