@@ -74,7 +74,12 @@ BASE_PACKAGES: Final = (
 # bundle for TLS (assembled by a hook: nothing is configured in the extract variant); tzdata the
 # time zones (a policy's `timezone`).
 RUNTIME_NAME: Final = "batchpilot-runtime"
-RUNTIME_PACKAGES: Final = ("python3.11-minimal", "libpython3.11-stdlib", "ca-certificates", "tzdata")
+RUNTIME_PACKAGES: Final = (
+    "python3.11-minimal",
+    "libpython3.11-stdlib",
+    "ca-certificates",
+    "tzdata",
+)
 RUNTIME_HOOKS: Final = (
     # What update-ca-certificates would write (OpenSSL's cert.pem points at it).
     'cat "$1"/usr/share/ca-certificates/mozilla/*.crt > "$1"/etc/ssl/certs/ca-certificates.crt',
@@ -509,9 +514,9 @@ def contents(archive: Path, site_packages: str) -> ImageContents:
             owner.setdefault(top, folder)
     totals = dict.fromkeys(metadata, 0)
     for relative, size in sizes.items():
-        folder = owner.get(relative.split("/")[0])
-        if folder in totals:
-            totals[folder] += size
+        owning = owner.get(relative.split("/")[0])
+        if owning in totals:
+            totals[owning] += size
     distributions = sorted(
         (
             Distribution(name=name, version=version, size=totals[folder])
@@ -551,8 +556,9 @@ def write_sbom(recipe: ImageRecipe, archive: Path) -> Path:
     target = sbom_path(archive)
     if target.exists():
         return target
-    generator = Path(sys.executable).parent / "cyclonedx-py"
-    if not generator.is_file():
+    beside = Path(sys.executable).parent / "cyclonedx-py"
+    generator = str(beside) if beside.is_file() else shutil.which("cyclonedx-py")
+    if generator is None:
         raise ImageError(f"{recipe.name}: cyclonedx-py is not installed (`make venv`)")
     prefix = recipe.site_packages.strip("/") + "/"
     log = logs_dir() / f"{recipe.name}.log"
@@ -576,9 +582,9 @@ def write_sbom(recipe: ImageRecipe, archive: Path) -> Path:
                 destination.parent.mkdir(parents=True, exist_ok=True)
                 destination.write_bytes(stream.read())
         staging = target.with_name(f".staging-{os.getpid()}-{target.name}")
+        arguments = ["environment", "--output-reproducible", "--of", "JSON", "-o", str(staging)]
         run_logged(
-            [str(generator), "environment", "--output-reproducible", "--of", "JSON",
-             "-o", str(staging), str(environment)],  # fmt: skip
+            [generator, *arguments, str(environment)],
             what=f"{recipe.name} (SBOM)",
             log=log,
             timeout=STEP_TIMEOUT_SECONDS,

@@ -58,13 +58,23 @@ class Export:
 
 EXPORTS: Final = (
     # make venv: the product, the sidecar's and the tooling's dependencies, every extra and group.
-    Export(path="requirements/dev.txt", arguments=("--all-packages", "--all-extras", "--all-groups")),
+    Export(
+        path="requirements/dev.txt", arguments=("--all-packages", "--all-extras", "--all-groups")
+    ),
     # What builds the project's wheels (--no-build-isolation), and pip itself.
-    Export(path="requirements/build.txt", arguments=("--package", "batchpilot", "--only-group", "build")),
+    Export(
+        path="requirements/build.txt",
+        arguments=("--package", "batchpilot", "--only-group", "build"),
+    ),
     # operator/Dockerfile: the operator-image group of pyproject.toml.
     Export(
         path="requirements/operator-image.txt",
         arguments=("--package", "batchpilot", "--only-group", "operator-image"),
+    ),
+    # operator/Dockerfile with --build-arg OPERATOR_REQUIREMENTS=requirements/operator-calendars.txt
+    Export(
+        path="requirements/operator-calendars.txt",
+        arguments=("--package", "batchpilot", "--only-group", "operator-calendars"),
     ),
     # sidecar/Dockerfile: the sidecar distribution's dependencies.
     Export(
@@ -121,7 +131,9 @@ def run_uv(arguments: Sequence[str], *, root: Path = REPO_ROOT) -> subprocess.Co
             check=False,
         )
     except subprocess.TimeoutExpired:
-        raise LockError(f"uv {' '.join(arguments[:3])}: no answer in {UV_TIMEOUT_SECONDS} s") from None
+        raise LockError(
+            f"uv {' '.join(arguments[:3])}: no answer in {UV_TIMEOUT_SECONDS} s"
+        ) from None
 
 
 def blocks(requirements: str) -> list[str]:
@@ -146,7 +158,9 @@ def exported(export: Export, *, root: Path = REPO_ROOT) -> str:
         entries = [entry for entry in entries if canonical(requirement_name(entry)) in wanted]
         missing = wanted - {canonical(requirement_name(entry)) for entry in entries}
         if missing:
-            raise LockError(f"{export.path}: not in the lock's export: {', '.join(sorted(missing))}")
+            raise LockError(
+                f"{export.path}: not in the lock's export: {', '.join(sorted(missing))}"
+            )
     return HEADER.format(path=export.path) + "".join(entries)
 
 
@@ -228,7 +242,10 @@ def differences(
         for name, version in sorted(locked.items())
         if name in present and present[name] != version
     ]
-    lines += [f"{name}: missing (the lock has {locked[name]})" for name in sorted(set(locked) - set(present))]
+    lines += [
+        f"{name}: missing (the lock has {locked[name]})"
+        for name in sorted(set(locked) - set(present))
+    ]
     lines += [
         f"{name}: {present[name]} installed, not in the lock"
         for name in sorted(set(present) - set(locked) - own)
@@ -244,7 +261,9 @@ def venv_differences() -> list[str]:
 
 def prune_venv() -> list[str]:
     """Uninstall what this virtualenv holds beyond the lock (pip installs, never removes)."""
-    extra = sorted(set(installed()) - set(pinned_in("requirements/dev.txt")) - WORKSPACE_DISTRIBUTIONS)
+    extra = sorted(
+        set(installed()) - set(pinned_in("requirements/dev.txt")) - WORKSPACE_DISTRIBUTIONS
+    )
     if extra:
         subprocess.run(  # noqa: S603 -- names from this virtualenv's own metadata
             [sys.executable, "-m", "pip", "uninstall", "--yes", "--quiet", *extra],
