@@ -202,7 +202,7 @@ def test_the_runtime_base_is_extracted_python_without_a_shell_or_pip() -> None:
     assert set(included.split(",")) == {
         "python3.11-minimal", "libpython3.11-stdlib", "ca-certificates", "tzdata",
     }  # fmt: skip
-    hooks = " ".join(a for a in argv if a.startswith("--customize-hook="))
+    hooks = " ".join(a for a in argv if a.startswith("--extract-hook="))
     assert "ca-certificates.crt" in hooks
     assert "python3" in hooks
     assert images.RUNTIME_BASE.key() != images.BUILD_BASE.key()

@@ -85,11 +85,13 @@ RUNTIME_HOOKS: Final = (
     'cat "$1"/usr/share/ca-certificates/mozilla/*.crt > "$1"/etc/ssl/certs/ca-certificates.crt',
     # `python3` and `python` as in the build base: the images' virtualenvs point at python3.
     'ln -s python3.11 "$1"/usr/bin/python3 && ln -s python3.11 "$1"/usr/bin/python',
-    # Tools that came as dependencies and that nothing runs without a shell.
-    'rm -f "$1"/usr/bin/dpkg* "$1"/usr/bin/debconf* "$1"/usr/bin/c_rehash "$1"/usr/bin/openssl'
-    ' "$1"/usr/bin/update-alternatives "$1"/bin/tar',
-    # iconv's character-set modules (8 MB): Python's codecs are its own.
-    'rm -rf "$1"/usr/lib/x86_64-linux-gnu/gconv',
+    # What came as dependencies and nothing uses without a shell or a package manager: the
+    # package tools and their Perl modules, openssl's command, iconv's character sets (8 MB;
+    # Python's codecs are its own), the leap-second time zones, pydoc's help topics.
+    'rm -rf "$1"/usr/bin/dpkg* "$1"/usr/bin/debconf* "$1"/usr/bin/c_rehash "$1"/usr/bin/openssl'
+    ' "$1"/usr/bin/update-alternatives "$1"/bin/tar "$1"/usr/share/perl5 "$1"/usr/share/debconf'
+    ' "$1"/usr/share/lintian "$1"/usr/lib/x86_64-linux-gnu/gconv "$1"/usr/share/zoneinfo/right'
+    ' "$1"/usr/lib/python3.11/pydoc_data',
     # The loader's cache, as ldconfig would leave it after an install.
     'ldconfig -r "$1"',
 )
@@ -276,7 +278,8 @@ def runtime_argv(output: Path) -> list[str]:
         "--variant=extract",
         f"--include={','.join(RUNTIME_PACKAGES)}",
         *PATH_EXCLUSIONS,
-        *(f"--customize-hook={hook}" for hook in RUNTIME_HOOKS),
+        # The extract variant runs no customize hooks: these run once the packages are unpacked.
+        *(f"--extract-hook={hook}" for hook in RUNTIME_HOOKS),
         BASE_SUITE,
         str(output),
         BASE_MIRROR,
