@@ -591,7 +591,11 @@ def write_sbom(recipe: ImageRecipe, archive: Path) -> Path:
             what=f"{recipe.name} (SBOM)",
             log=log,
             timeout=STEP_TIMEOUT_SECONDS,
-            env={**os.environ, "SOURCE_DATE_EPOCH": BASE_SOURCE_DATE_EPOCH},
+            # The environment's interpreter sees the image's folders alone: no PYTHONPATH.
+            env={
+                **{k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")},
+                "SOURCE_DATE_EPOCH": BASE_SOURCE_DATE_EPOCH,
+            },
         )
         staging.rename(target)
     return target
