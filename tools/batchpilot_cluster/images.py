@@ -13,7 +13,7 @@ gives a Docker user:
   there); the Triton image runs on it, and the operator's and sidecar's images build on it. The
   runtime base (``--build-arg RUNTIME_BASE=``) is what those two run on, distroless: Python 3.11,
   the libraries it links, the CA certificates and the time zone data, extracted without a shell,
-  pip, apt or dpkg's database (about 57 MB against the build base's 166). The Dockerfiles' defaults
+  pip, apt or dpkg's database (about 42 MB against the build base's 160). The Dockerfiles' defaults
   stay ``python:3.11-slim`` for both. A base's tag is a hash of its root filesystem's tarball,
   which ``SOURCE_DATE_EPOCH`` makes reproducible for one set of package versions.
 - The trust store. ``pip`` inside a ``RUN`` step reaches PyPI through the machine's egress, whose
