@@ -81,6 +81,11 @@ RUNTIME_PACKAGES: Final = (
     "tzdata",
 )
 RUNTIME_HOOKS: Final = (
+    # What the base holds, for scanners: each package's control fields in status.d, as distroless
+    # images keep them (nothing is installed, so dpkg's status file stays empty).
+    'mkdir -p "$1"/var/lib/dpkg/status.d && for deb in "$1"/var/cache/apt/archives/*.deb; do'
+    ' dpkg-deb --field "$deb" > "$1/var/lib/dpkg/status.d/$(dpkg-deb --field "$deb" Package)";'
+    " done",
     # What update-ca-certificates would write (OpenSSL's cert.pem points at it).
     'cat "$1"/usr/share/ca-certificates/mozilla/*.crt > "$1"/etc/ssl/certs/ca-certificates.crt',
     # `python3` and `python` as in the build base: the images' virtualenvs point at python3.
