@@ -172,32 +172,21 @@ numpy2-env: venv
 e2e: venv deps k8s-bins images
 	$(PY) -m pytest e2e --e2e
 
-# Everything CI runs (.ci/run): linters, unit and integration tests, the e2e suite, and the
-# benchmarks in their short modes (figures printed, nothing about speed asserted). Each run lists
-# its slowest tests, to keep the whole under 45 minutes.
-# Each stage is timed (batchpilot_harness.suite_timings), and so is each test's setup, body and
-# teardown; the end prints the stages' times and the 25 slowest tests with what they wait on,
-# also when a stage fails, so CI's log always says where the time went. (`make`, not $(MAKE):
-# `make -n test` must print this recipe, not run it.)
-TIMED := $(PY) -m batchpilot_harness.suite_timings
-TIMED_PYTEST := $(PY) -m pytest -p batchpilot_harness.suite_timings
+# Everything CI runs (.ci/run): linters and builds, then two lanes side by side: `pytest tests`
+# and the local benchmarks' short modes; and on one local cluster the e2e suite (the tests that
+# keep to their namespace two at a time, the cluster-wide ones alone) and the cluster
+# benchmarks. The plan is batchpilot_harness.suite (`python -m batchpilot_harness.suite
+# --plan` prints it). Each stage is timed, and so is each test's setup, body and teardown; the
+# end prints the stages' times and the 25 slowest tests with what they wait on, also when a
+# stage fails, so CI's log always says where the time went.
 test: venv
-	@$(TIMED) reset
-	@status=0; \
-	run() { [ $$status -ne 0 ] || $(TIMED) stage "$$@" || status=$$?; }; \
-	run lint -- make --no-print-directory lint; \
-	run builds -- make --no-print-directory deps k8s-bins grafana llm-env numpy2-env images; \
-	run tests -- $(TIMED_PYTEST) tests --durations=15; \
-	run e2e -- $(TIMED_PYTEST) e2e --e2e --durations=15; \
-	run benchmarks -- $(TIMED_PYTEST) tests/benchmarks -m benchmark -s --durations=0; \
-	$(TIMED) report; \
-	exit $$status
+	$(PY) -m batchpilot_harness.suite
 
 # The e2e control plane: Kubernetes, etcd, kwok and helm built from Go modules once per version
 # into ${BATCHPILOT_CACHE:-~/.cache/batchpilot} (slow the first time), run on loopback from .run/.
 .PHONY: k8s-bins cluster-up cluster-down
 
-k8s-bins: venv
+k8s-bins: venv deps
 	$(PY) -m batchpilot_cluster build
 
 cluster-up: venv deps
@@ -210,7 +199,7 @@ cluster-down:
 # tests/integration/test_grafana.py, built from its Go module once per version into
 # ${BATCHPILOT_CACHE:-~/.cache/batchpilot}/grafana (needs Go and a C compiler; the web front end
 # is not built).
-grafana: venv
+grafana: venv deps
 	$(PY) -m batchpilot_cluster.grafana build
 
 # The same e2e suite on kind, for machines with a Docker engine (not this project's CI machines):

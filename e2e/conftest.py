@@ -67,10 +67,18 @@ class _LocalCluster:
 _LOCAL_KEY = pytest.StashKey[_LocalCluster]()
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
-    config = session.config
-    wanted = any(item.get_closest_marker("e2e") for item in session.items)
-    if not config.getoption("--e2e") or not wanted or os.environ.get("KUBECONFIG"):
+def _is_xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def _runs_side_by_side(config: pytest.Config) -> bool:
+    """`-n N`: pytest-xdist's workers share one cluster, which this process (their controller)
+    starts before they do; a worker never starts one of its own."""
+    return bool(config.getoption("numprocesses", None)) and not _is_xdist_worker(config)
+
+
+def _start_local_cluster(config: pytest.Config) -> None:
+    if _LOCAL_KEY in config.stash:
         return
     local = _LocalCluster()
     config.stash[_LOCAL_KEY] = local
@@ -78,11 +86,28 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if controlplane.is_up(state_dir):  # `make cluster-up` started it; leave it running after
         local.cluster = controlplane.Cluster.load(state_dir)
         return
+    if _is_xdist_worker(config):
+        local.error = f"the controller of this -n run left no cluster up in {state_dir}"
+        return
     try:
         building.require_binaries()
         local.cluster = local.stack.enter_context(controlplane.running(keep_logs=True))
     except (building.BuildError, controlplane.ClusterError) as error:
         local.error = str(error)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    wanted = config.getoption("--e2e") and not os.environ.get("KUBECONFIG")
+    if wanted and _runs_side_by_side(config):
+        _start_local_cluster(config)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    config = session.config
+    wanted = any(item.get_closest_marker("e2e") for item in session.items)
+    if not config.getoption("--e2e") or not wanted or os.environ.get("KUBECONFIG"):
+        return
+    _start_local_cluster(config)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -394,6 +394,7 @@ def decisions_made(operator: OperatorProcess) -> float:
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.cluster_wide  # stops the API server or etcd under every namespace
 @pytest.mark.parametrize("component", ["kube-apiserver", "etcd"])
 def test_after_a_control_plane_restart_watches_resume_and_the_next_boundary_is_met(
     kube: Kube,
@@ -481,6 +482,7 @@ def test_the_leader_stopped_while_a_gate_is_false_leaves_the_follower_to_restore
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.cluster_wide  # stops the node every Pod runs on
 @pytest.mark.parametrize("component", ["kubelet", "containerd"])
 def test_the_node_s_kubelet_or_runtime_restarted_mid_rollout_fails_no_request(
     kube: Kube,

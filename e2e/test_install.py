@@ -37,7 +37,9 @@ from batchpilot_testbed import charts, clients, fleet, namespaces, waiting
 from batchpilot_testbed.kubes import Kube
 from batchpilot_triton import endpoints
 
-pytestmark = pytest.mark.e2e
+# The chart's operator serves every namespace: beside another test it would switch that test's
+# Pods too.
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster_wide]
 
 REPO = charts.REPO
 DEPLOYMENT = REPO / "manifests" / "triton-deployment.yaml"

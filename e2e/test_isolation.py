@@ -24,7 +24,13 @@ from batchpilot_testbed.kubes import Kube
 from batchpilot_testbed.operators import OperatorProcess
 from batchpilot_triton import endpoints
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600), pytest.mark.usefixtures("triton_pods")]
+# What one tenant costs the others is measured on a cluster that runs nothing else.
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.cluster_wide,
+    pytest.mark.timeout(600),
+    pytest.mark.usefixtures("triton_pods"),
+]
 
 CHART_VALUES = Path(__file__).resolve().parents[1] / "charts" / "batchpilot" / "values.yaml"
 MIB = 1024 * 1024

@@ -173,6 +173,7 @@ def crashed_node(kube: Kube) -> Iterator[controlplane.Cluster]:
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.cluster_wide  # checks that no cgroup of any node is left on the host
 def test_a_crashed_node_is_cleaned_from_its_names_alone(
     kube: Kube, node_image: str, crashed_node: controlplane.Cluster
 ) -> None:

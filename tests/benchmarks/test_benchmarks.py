@@ -27,7 +27,8 @@ ON_A_CLUSTER: tuple[Main, ...] = (
     bench_chaos.main,
     bench_canary.main,
 )
-"""The benchmarks that run against a local control plane; they come last, and share one."""
+"""The benchmarks that run against a local control plane (marked `cluster`): they come last, and
+share one (`make test` runs them on the e2e suite's cluster, after it)."""
 
 
 @pytest.fixture(scope="module")
@@ -71,37 +72,37 @@ def one_local_cluster() -> Iterator[None]:
             bench_drain.main,
             "created -> Ready (Triton's readiness probe)",
             id="drain",
-            marks=pytest.mark.timeout(300),
+            marks=(pytest.mark.timeout(300), pytest.mark.cluster),
         ),
         pytest.param(
             bench_switch.main,
             "zero failed requests across all switches",
             id="switch",
-            marks=pytest.mark.timeout(400),
+            marks=(pytest.mark.timeout(400), pytest.mark.cluster),
         ),
         pytest.param(
             bench_scale.main,
             "boundary -> live Pods serve",
             id="scale",
-            marks=pytest.mark.timeout(400),
+            marks=(pytest.mark.timeout(400), pytest.mark.cluster),
         ),
         pytest.param(
             bench_boundary.main,
             "share of requests after the boundary on the old profile",
             id="boundary",
-            marks=pytest.mark.timeout(500),
+            marks=(pytest.mark.timeout(500), pytest.mark.cluster),
         ),
         pytest.param(
             bench_chaos.main,
             "targets left wrong at the end",
             id="chaos",
-            marks=pytest.mark.timeout(500),
+            marks=(pytest.mark.timeout(500), pytest.mark.cluster),
         ),
         pytest.param(
             bench_canary.main,
             "canary's share of replicas",
             id="canary",
-            marks=pytest.mark.timeout(400),
+            marks=(pytest.mark.timeout(400), pytest.mark.cluster),
         ),
     ],
 )

@@ -3,6 +3,7 @@ a report that names the slowest tests with where their time went."""
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from batchpilot_harness import suite_timings
+from batchpilot_harness import suite, suite_timings
 
 SAMPLE = """
 import pytest
@@ -53,7 +54,7 @@ def test_a_stage_records_every_test_and_the_report_counts_them(tmp_path: Path) -
     assert set(tests["test_passes"].phases) == {"setup", "call", "teardown"}
     assert tests["test_passes"].fixtures[:1] == ("cluster",)
     (stage,) = suite_timings.read_stages(folder)
-    assert (stage[0], stage[2]) == ("sample", 1)
+    assert (stage.stage, stage.status) == ("sample", 1)
     text = suite_timings.report(folder)
     assert "  sample " in text
     assert "(exit 1)" in text
@@ -85,3 +86,59 @@ def test_a_test_waits_on_its_longest_phase(phases: dict[str, float], expected: s
         "e2e", "e2e/test_x.py::test_y", phases, "passed", ("kube", "triton_server")
     )
     assert test.waits_on() == expected
+
+
+@pytest.mark.timeout(60)
+def test_a_failed_stage_ends_its_lane_but_the_always_stage_runs_and_is_recorded(
+    tmp_path: Path,
+) -> None:
+    lane = suite.Lane(
+        "cluster",
+        (
+            suite.Stage("up", ("true",)),
+            suite.Stage("e2e", (sys.executable, "-c", "print('ran'); raise SystemExit(3)")),
+            suite.Stage("benchmarks", (sys.executable, "-c", "print('should not run')")),
+            suite.Stage("down", ("true",), always=True),
+        ),
+    )
+    out = io.StringIO()
+    status = suite.run_lane(tmp_path, lane, suite._Output(out))
+    assert status == 3
+    text = out.getvalue()
+    assert "cluster | ran" in text
+    assert "should not run" not in text
+    assert "== benchmarks: not run, an earlier stage failed" in text
+    recorded = [(s.stage, s.status, s.lane) for s in suite_timings.read_stages(tmp_path)]
+    assert recorded == [("up", 0, "cluster"), ("e2e", 3, "cluster"), ("down", 0, "cluster")]
+
+
+def test_the_plan_runs_the_cluster_wide_e2e_tests_alone_and_always_stops_the_cluster() -> None:
+    (cluster,) = [lane for lane in suite.LANES if lane.name == "cluster"]
+    names = [stage.name for stage in cluster.stages]
+    assert names[0] == "cluster up"
+    assert names[-1] == "cluster down"
+    assert cluster.stages[-1].always
+    shared, alone = (stage.command for stage in cluster.stages if stage.name.startswith("e2e"))
+    assert "not cluster_wide" in shared
+    assert "-n" in shared
+    assert "cluster_wide" in alone
+    assert "-n" not in alone
+    # Every test of each suite is in one stage: the markers split, they do not drop.
+    benchmarks = [
+        stage.command[stage.command.index("-m", stage.command.index("tests/benchmarks")) + 1]
+        for lane in suite.LANES
+        for stage in lane.stages
+        if "tests/benchmarks" in stage.command
+    ]
+    assert sorted(benchmarks) == ["benchmark and cluster", "benchmark and not cluster"]
+
+
+def test_the_report_gives_the_wall_clock_when_lanes_overlapped(tmp_path: Path) -> None:
+    suite_timings.record_stage(tmp_path, "tests", 600, 0, lane="local")
+    suite_timings.record_stage(tmp_path, "e2e", 900, 0, lane="cluster")
+    suite_timings.record_suite(tmp_path, 960)
+    text = suite_timings.report(tmp_path)
+    assert "[cluster lane]" in text
+    (wall,) = [line for line in text.splitlines() if "in all" in line]
+    assert "(wall clock)" in wall
+    assert wall.endswith(" 16.0 min"), wall

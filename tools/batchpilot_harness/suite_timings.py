@@ -32,6 +32,8 @@ import pytest
 FOLDER_ENV = "BATCHPILOT_TEST_TIMINGS"
 STAGE_ENV = "BATCHPILOT_TEST_STAGE"
 STAGES_FILE = "stages.jsonl"
+SUITE_FILE = "suite.jsonl"
+DEFAULT_FOLDER = Path(".run/test-timings")
 SLOWEST = 25
 _PHASES = ("setup", "call", "teardown")
 
@@ -52,7 +54,8 @@ def _append(path: Path, record: dict[str, Any]) -> None:
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     folder = _folder()
-    if folder is None:
+    # Under pytest-xdist the controller hears every worker's reports: it alone records them.
+    if folder is None or os.environ.get("PYTEST_XDIST_WORKER"):
         return
     stage = os.environ.get(STAGE_ENV, "tests")
     _append(
@@ -133,23 +136,46 @@ def read_tests(folder: Path) -> list[TestTime]:
     ]
 
 
-def read_stages(folder: Path) -> list[tuple[str, float, int]]:
+@dataclasses.dataclass(frozen=True)
+class StageTime:
+    stage: str
+    seconds: float
+    status: int
+    lane: str | None = None
+    """The lane it ran in, when the suite ran lanes side by side (batchpilot_harness.suite)."""
+
+
+def read_stages(folder: Path) -> list[StageTime]:
     path = folder / STAGES_FILE
     if not path.exists():
         return []
     records = [json.loads(line) for line in path.read_text().splitlines()]
-    return [(r["stage"], float(r["seconds"]), int(r["status"])) for r in records]
+    return [
+        StageTime(r["stage"], float(r["seconds"]), int(r["status"]), r.get("lane")) for r in records
+    ]
+
+
+def read_suite_seconds(folder: Path) -> float | None:
+    """The whole suite's wall time, if it was recorded (lanes overlap: their sum is not it)."""
+    path = folder / SUITE_FILE
+    if not path.exists():
+        return None
+    return float(json.loads(path.read_text().splitlines()[-1])["seconds"])
 
 
 def report(folder: Path, *, slowest: int = SLOWEST) -> str:
     stages = read_stages(folder)
     tests = read_tests(folder)
     lines = ["Where make test spent its time:"]
-    for stage, seconds, status in stages:
-        failed = "" if status == 0 else f"  (exit {status})"
-        lines.append(f"  {stage:<24} {seconds / 60:6.1f} min{failed}")
-    if stages:
-        total = sum(seconds for _, seconds, _ in stages)
+    for stage in stages:
+        failed = "" if stage.status == 0 else f"  (exit {stage.status})"
+        lane = f"  [{stage.lane} lane]" if stage.lane and stage.lane != "first" else ""
+        lines.append(f"  {stage.stage:<24} {stage.seconds / 60:6.1f} min{lane}{failed}")
+    wall = read_suite_seconds(folder)
+    if wall is not None:
+        lines.append(f"  {'in all (wall clock)':<24} {wall / 60:6.1f} min")
+    elif stages:
+        total = sum(stage.seconds for stage in stages)
         lines.append(f"  {'in all':<24} {total / 60:6.1f} min")
     by_stage: dict[str, float] = {}
     for test in tests:
@@ -173,21 +199,43 @@ def report(folder: Path, *, slowest: int = SLOWEST) -> str:
 # -- the command line -------------------------------------------------------------------------
 
 
+def stage_environment(folder: Path, stage: str) -> dict[str, str]:
+    """The environment of a stage's command: the plugin records into `folder` under `stage`."""
+    return {**os.environ, FOLDER_ENV: str(folder), STAGE_ENV: stage}
+
+
+def record_stage(
+    folder: Path, stage: str, seconds: float, status: int, *, lane: str | None = None
+) -> None:
+    record: dict[str, Any] = {"stage": stage, "seconds": round(seconds, 1), "status": status}
+    if lane is not None:
+        record["lane"] = lane
+    _append(folder / STAGES_FILE, record)
+
+
+def record_suite(folder: Path, seconds: float) -> None:
+    _append(folder / SUITE_FILE, {"seconds": round(seconds, 1)})
+
+
+def reset(folder: Path) -> None:
+    """Forget the timings of earlier runs."""
+    for path in folder.glob("*.jsonl"):
+        path.unlink()
+
+
 def run_stage(folder: Path, stage: str, command: Sequence[str]) -> int:
     """Run one stage of the suite with the plugin's environment; record its wall time."""
-    environment = {**os.environ, FOLDER_ENV: str(folder), STAGE_ENV: stage}
     started = time.monotonic()
-    status = subprocess.run(list(command), env=environment, check=False).returncode  # noqa: S603
-    _append(
-        folder / STAGES_FILE,
-        {"stage": stage, "seconds": round(time.monotonic() - started, 1), "status": status},
-    )
+    status = subprocess.run(  # noqa: S603
+        list(command), env=stage_environment(folder, stage), check=False
+    ).returncode
+    record_stage(folder, stage, time.monotonic() - started, status)
     return status
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m batchpilot_harness.suite_timings")
-    parser.add_argument("--folder", type=Path, default=Path(".run/test-timings"))
+    parser.add_argument("--folder", type=Path, default=DEFAULT_FOLDER)
     commands = parser.add_subparsers(dest="command", required=True)
     stage = commands.add_parser("stage", help="run one stage of the suite, timed")
     stage.add_argument("name")
@@ -206,8 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = _parser().parse_args(argv)
     folder: Path = arguments.folder
     if arguments.command == "reset":
-        for path in folder.glob("*.jsonl"):
-            path.unlink()
+        reset(folder)
         return 0
     if arguments.command == "report":
         print(report(folder))

@@ -5,10 +5,13 @@ the ClusterRole in `manifests/rbac.yaml`, so every e2e test also proves that rol
 """
 
 import contextlib
+import fcntl
+import hashlib
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Sequence
@@ -30,7 +33,15 @@ USER = f"system:serviceaccount:{SYSTEM_NAMESPACE}:{SERVICE_ACCOUNT}"
 
 
 def install_api(kube: Kube) -> None:
-    """The CRDs from crds/ (Established) and the operator's RBAC from manifests/."""
+    """The CRDs from crds/ (Established) and the operator's RBAC from manifests/; one process
+    at a time per cluster (the e2e suite's workers each install it when they start)."""
+    digest = hashlib.sha1(str(kube.kubeconfig.resolve()).encode()).hexdigest()[:12]
+    with (Path(tempfile.gettempdir()) / f"batchpilot-install-api-{digest}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _install_api(kube)
+
+
+def _install_api(kube: Kube) -> None:
     for path in sorted((REPO / "crds").glob("*.yaml")):
         applied = kube.kubectl_run("apply", "--server-side", "-f", str(path))
         assert applied.returncode == 0, applied.stderr
