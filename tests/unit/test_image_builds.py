@@ -260,6 +260,26 @@ def test_contents_names_each_distribution_with_its_version_and_the_bytes_of_its_
     assert images.ImageContents.from_json(json.loads(json.dumps(found.to_json()))) == found
 
 
+@pytest.mark.timeout(120)
+def test_the_sbom_lists_the_image_s_distributions_and_nothing_of_this_interpreter_s_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    site = "opt/app/lib/python3.11/site-packages"
+    metadata = b"Metadata-Version: 2.1\nName: Pkg_One\nVersion: 1.0\n"
+    archive = tmp_path / "one-0123456789abcdef.oci.tar"
+    oci_archive(archive, [layer({f"{site}/pkg_one-1.0.dist-info/METADATA": metadata})])
+    # A distribution on PYTHONPATH (a checkout's egg-info, say) is not the image's.
+    stray = tmp_path / "stray" / "stray-9.9.dist-info"
+    stray.mkdir(parents=True)
+    (stray / "METADATA").write_text("Metadata-Version: 2.1\nName: stray\nVersion: 9.9\n")
+    monkeypatch.setenv("PYTHONPATH", str(stray.parent))
+    monkeypatch.setenv("BATCHPILOT_CACHE", str(tmp_path / "cache"))
+    recipe = images.ImageRecipe(name="one", dockerfile="Dockerfile", site_packages=site)
+    sbom = json.loads(images.write_sbom(recipe, archive).read_text())
+    assert sbom["bomFormat"] == "CycloneDX"
+    assert [(c["name"], c["version"]) for c in sbom["components"]] == [("Pkg_One", "1.0")]
+
+
 def oci_archive(path: Path, layers: list[bytes]) -> int:
     """An OCI archive with gzip layers; returns their unpacked size."""
     blobs: dict[str, bytes] = {}
