@@ -4,21 +4,37 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml tools/pyproject.toml | sha1sum | cut -c1-12)
+# The stamp is keyed on what the virtualenv is made from: the projects, the lock and its exports.
+LOCKED := pyproject.toml tools/pyproject.toml sidecar/pyproject.toml uv.lock requirements/dev.txt \
+	requirements/build.txt
+STAMP := $(VENV)/.installed-$(shell cat $(LOCKED) | sha1sum | cut -c1-12)
 
-.PHONY: venv deps images lint unit integration e2e e2e-kind kind-down test demo generate helm-lint dashboard-png bench bench-short gpu-check gpu-wheels grafana llm-env numpy2-env docs docs-serve
+.PHONY: venv lock deps images lint unit integration e2e e2e-kind kind-down test demo generate helm-lint dashboard-png bench bench-short gpu-check gpu-wheels grafana llm-env numpy2-env docs docs-serve
 
 # The main job: a local Triton, the demo model, a policy and load; watch it switch.
 demo: venv
 	$(VENV)/bin/batchpilot demo
 
+# Everything from the lock (uv.lock, through its exports in requirements/), each file checked
+# against its hash; then the product and, beside it, the tooling's own distribution (tools/:
+# `batchpilot demo`) from this checkout, editable, adding nothing (pip checks no hash of an
+# editable install); then whatever the lock does not hold goes (pip installs, never removes).
 venv: $(STAMP)
-$(STAMP): pyproject.toml tools/pyproject.toml
+$(STAMP): $(LOCKED)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	# The product and, beside it, the tooling's own distribution (tools/): `batchpilot demo`.
-	$(PY) -m pip install --quiet -e '.[dev,triton,torch]' -e ./tools
+	$(PY) -m pip install --quiet --require-hashes -r requirements/build.txt
+	$(PY) -m pip install --quiet --require-hashes -r requirements/dev.txt
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e . -e ./tools
+	$(PY) -m batchpilot_harness.locks prune-venv
 	rm -f $(VENV)/.installed-* && touch $@
+
+# The lock: uv resolves pyproject.toml, sidecar/ and tools/ into uv.lock (keeping its versions
+# where they still fit; `make lock UPGRADE=1` takes the newest of everything), then writes the
+# exports in requirements/ that every install reads. tests/unit/test_locks.py fails when they
+# disagree with each other or with the pyproject.toml files.
+lock: venv
+	$(VENV)/bin/uv lock $(if $(UPGRADE),--upgrade)
+	$(PY) -m batchpilot_harness.locks write
 
 # mypy's cache lives beside the other caches, so a fresh clone checks in seconds, not a minute
 # (mypy compares the sources' hashes, so a stale entry is never trusted).
@@ -88,9 +104,11 @@ deps:
 	  || { $$sudo apt-get update && $$sudo apt-get install -y --no-install-recommends $$missing; }; }
 
 # The operator, sidecar and CPU-Triton images from their Dockerfiles, without a Docker engine or a
-# registry: buildah on a python:3.11-slim stand-in made from Debian packages, each image an OCI
-# archive in ${BATCHPILOT_CACHE:-~/.cache/batchpilot}/images (for `ctr images import`), rebuilt
-# only when its inputs change (e2e/README.md, "Images").
+# registry: buildah on bases made from Debian packages (a python:3.11-slim stand-in that builds,
+# a distroless one the operator and sidecar run on), each image an OCI archive in
+# ${BATCHPILOT_CACHE:-~/.cache/batchpilot}/images (for `ctr images import`) with its SBOM beside
+# it, rebuilt only when its inputs change (e2e/README.md, "Images"). Prints each image's size and
+# its largest Python distributions.
 images: venv deps
 	$(PY) -m batchpilot_cluster images
 

@@ -366,7 +366,9 @@ def check_container(
         assert process.seccomp_filtered, (where, process)
         for mount in ("/", *read_only):
             assert "ro" in process.mounts[mount], (where, mount, process.mounts.get(mount))
-    status, output = crictl(kube, "exec", identifier, "touch", "/batchpilot-write-probe")
+    # Python, not `touch`: the operator's and sidecar's images have no shell or coreutils.
+    probe = "open('/batchpilot-write-probe', 'w')"
+    status, output = crictl(kube, "exec", identifier, "python", "-c", probe)
     assert status != 0, (where, output)
     assert "Read-only file system" in output, (where, output)
     return processes

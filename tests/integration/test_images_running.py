@@ -350,7 +350,10 @@ def test_operator_image_runs_batchpilot_as_65532_without_the_harness(
     containerd: Containerd, built: dict[str, images.BuiltImage]
 ) -> None:
     operator = built["batchpilot-operator"].reference
-    user = containerd.run(operator, "operator-id", ["id", "-u"])
+    # The image has no shell and no coreutils (a distroless base): Python says who it runs as.
+    user = containerd.run(
+        operator, "operator-id", ["python", "-c", "import os; print(os.getuid())"]
+    )
     assert user.stdout.strip() == "65532", user.stderr
     # kopf names each replica in its peering `<user>@<host>`: a uid without a passwd entry made
     # the operator exit at start in a Pod (e2e/test_install.py found it).
@@ -364,6 +367,23 @@ def test_operator_image_runs_batchpilot_as_65532_without_the_harness(
     demo = containerd.run(operator, "operator-demo", ["batchpilot", "demo"])
     assert demo.returncode == 2
     assert "batchpilot demo: not part of this installation" in demo.stderr
+
+
+def test_operator_image_refuses_a_policy_naming_a_calendar_saying_how_to_get_them(
+    containerd: Containerd, built: dict[str, images.BuiltImage]
+) -> None:
+    # The image leaves exchange-calendars (and pandas, numpy) out; the sample policy names XNYS.
+    sample = locations.REPO_ROOT / "manifests" / "batchpolicy.yaml"
+    mounts = [f"type=bind,src={sample},dst=/policy.yaml,options=rbind:ro"]
+    argv = ["batchpilot", "explain", "--policy", "/policy.yaml", "--at", "2026-11-24T15:00:00Z"]
+    refused = containerd.run(
+        built["batchpilot-operator"].reference, "operator-calendar", argv, mounts=mounts
+    )
+    assert refused.returncode != 0
+    assert "spec.schedule.calendar: calendar 'XNYS'" in refused.stderr, refused.stderr
+    assert "batchpilot[calendars]" in refused.stderr, refused.stderr
+    shell = containerd.run(built["batchpilot-operator"].reference, "operator-sh", ["sh", "-c", ":"])
+    assert shell.returncode != 0
 
 
 def test_sidecar_image_serves_healthz_beside_the_triton_image(

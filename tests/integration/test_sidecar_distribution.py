@@ -31,15 +31,22 @@ def sidecar_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     environment = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
     environment.pop("PYTHONPATH", None)
-    installed = subprocess.run(
-        [str(venv / "bin" / "pip"), "install", "--quiet", str(REPO / "sidecar")],
-        capture_output=True,
-        text=True,
-        timeout=480,
-        env=environment,
-        check=False,
-    )
-    assert installed.returncode == 0, installed.stderr[-3000:]
+    # As its image installs it: the lock's export with hashes, then the distribution alone.
+    pip = [str(venv / "bin" / "pip"), "install", "--quiet"]
+    for step in (
+        ["--require-hashes", "-r", str(REPO / "requirements" / "build.txt")],
+        ["--require-hashes", "-r", str(REPO / "requirements" / "sidecar-image.txt")],
+        ["--no-deps", "--no-build-isolation", str(REPO / "sidecar")],
+    ):
+        installed = subprocess.run(
+            [*pip, *step],
+            capture_output=True,
+            text=True,
+            timeout=480,
+            env=environment,
+            check=False,
+        )
+        assert installed.returncode == 0, installed.stderr[-3000:]
     return venv
 
 

@@ -63,22 +63,46 @@ def test_the_project_dockerfiles_copy_what_their_images_need() -> None:
         return images.copied_sources((locations.REPO_ROOT / dockerfile).read_text())
 
     assert sources("operator/Dockerfile") == [
+        "requirements/build.txt",
+        "requirements/operator-image.txt",
+        "requirements/operator-calendars.txt",
         "pyproject.toml",
         "README.md",
         "operator/batchpilot",
         "sidecar/batchpilot_triton",
     ]
-    assert sources("sidecar/Dockerfile") == ["sidecar"]
-    assert sources("tools/batchpilot_cluster/triton.Dockerfile") == ["manifests/model-repository"]
+    assert sources("sidecar/Dockerfile") == [
+        "requirements/build.txt",
+        "requirements/sidecar-image.txt",
+        "sidecar",
+    ]
+    assert sources("tools/batchpilot_cluster/triton.Dockerfile") == [
+        "requirements/triton-server.txt",
+        "requirements/triton-image.txt",
+        "manifests/model-repository",
+    ]
 
 
-def test_every_dockerfile_takes_its_base_as_a_build_argument_defaulting_to_python_slim() -> None:
+def test_every_dockerfile_takes_its_bases_as_build_arguments_defaulting_to_python_slim() -> None:
     for recipe in images.IMAGES:
         text = (locations.REPO_ROOT / recipe.dockerfile).read_text()
         froms = [line for line in text.splitlines() if line.startswith("FROM ")]
         assert "ARG BASE=python:3.11-slim" in text.splitlines(), recipe.dockerfile
         assert froms, recipe.dockerfile
-        assert all(line.split()[1] == "${BASE}" for line in froms), recipe.dockerfile
+        assert froms[0].split()[1] == "${BASE}", recipe.dockerfile
+        assert all(line.split()[1] in ("${BASE}", "${RUNTIME_BASE}") for line in froms)
+        if "${RUNTIME_BASE}" in text:
+            assert "ARG RUNTIME_BASE=python:3.11-slim" in text.splitlines(), recipe.dockerfile
+
+
+def test_the_operator_and_sidecar_run_on_the_runtime_base_without_a_step_that_needs_a_shell() -> (
+    None
+):
+    for dockerfile in ("operator/Dockerfile", "sidecar/Dockerfile"):
+        text = (locations.REPO_ROOT / dockerfile).read_text()
+        final = text.rsplit("\nFROM ", 1)[1]
+        assert final.startswith("${RUNTIME_BASE}\n"), dockerfile
+        assert "\nRUN " not in final, dockerfile
 
 
 def test_context_files_skip_bytecode_and_take_directories_whole(context: Path) -> None:
@@ -171,6 +195,91 @@ def test_the_base_is_python_slim_s_stand_in() -> None:
     assert argv[-3:] == [images.BASE_SUITE, "/out.tar", images.BASE_MIRROR]
 
 
+def test_the_runtime_base_is_extracted_python_without_a_shell_or_pip() -> None:
+    argv = images.runtime_argv(Path("/out.tar"))
+    assert "--variant=extract" in argv
+    included = next(a for a in argv if a.startswith("--include=")).removeprefix("--include=")
+    assert set(included.split(",")) == {
+        "python3.11-minimal", "libpython3.11-stdlib", "ca-certificates", "tzdata",
+    }  # fmt: skip
+    hooks = " ".join(a for a in argv if a.startswith("--extract-hook="))
+    assert "ca-certificates.crt" in hooks
+    assert "python3" in hooks
+    assert images.RUNTIME_BASE.key() != images.BUILD_BASE.key()
+    assert images.RUNTIME_BASE.tarball_path() != images.BUILD_BASE.tarball_path()
+
+
+def test_an_image_gets_the_bases_its_dockerfile_declares_and_no_other() -> None:
+    bases = {"BASE": "localhost/b:1", "RUNTIME_BASE": "localhost/r:2"}
+    assert images.build_arguments(bases, OPERATOR_LIKE) == {"BASE": "localhost/b:1"}
+    both = "ARG BASE=x\nARG RUNTIME_BASE=y\nARG OTHER=z\nFROM ${BASE}\n"
+    assert images.build_arguments(bases, both) == bases
+
+
+def layer(files: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, content in files.items():
+            member = tarfile.TarInfo(name)
+            member.size = len(content)
+            tar.addfile(member, io.BytesIO(content))
+    return buffer.getvalue()
+
+
+def test_contents_names_each_distribution_with_its_version_and_the_bytes_of_its_files(
+    tmp_path: Path,
+) -> None:
+    site = "opt/app/lib/python3.11/site-packages"
+    base = layer({"usr/bin/python3.11": b"x" * 5000})
+    first = layer({
+        f"{site}/pkg_one/__init__.py": b"a" * 100,
+        f"{site}/pkg_one-1.0.dist-info/METADATA": b"Name: Pkg_One\nVersion: 1.0\n\nName: body",
+        f"{site}/pkg_one-1.0.dist-info/RECORD": (
+            b"pkg_one/__init__.py,sha256=x,100\n"
+            b"pkg_one-1.0.dist-info/METADATA,,\n../../../bin/one,,\n"
+        ),
+    })  # fmt: skip
+    second = layer({
+        f"{site}/pkg_one/__pycache__/__init__.cpython-311.pyc": b"c" * 50,
+        f"{site}/two.py": b"t" * 10,
+        f"{site}/two-2.0.dist-info/METADATA": b"Name: two\nVersion: 2.0\n",
+        f"{site}/two-2.0.dist-info/RECORD": b"two.py,,\n",
+    })  # fmt: skip
+    archive = tmp_path / "image.oci.tar"
+    oci_archive(archive, [base, first, second])
+    found = images.contents(archive, site)
+    assert found.versions() == {"pkg-one": "1.0", "two": "2.0"}
+    one, two = found.distributions
+    metadata_bytes = len(b"Name: Pkg_One\nVersion: 1.0\n\nName: body")
+    record_bytes = len(
+        b"pkg_one/__init__.py,sha256=x,100\npkg_one-1.0.dist-info/METADATA,,\n../../../bin/one,,\n"
+    )
+    assert one.size == 100 + 50 + metadata_bytes + record_bytes
+    assert two.name == "two"
+    assert found.site_packages_bytes > one.size + two.size - 1
+    assert images.ImageContents.from_json(json.loads(json.dumps(found.to_json()))) == found
+
+
+@pytest.mark.timeout(120)
+def test_the_sbom_lists_the_image_s_distributions_and_nothing_of_this_interpreter_s_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    site = "opt/app/lib/python3.11/site-packages"
+    metadata = b"Metadata-Version: 2.1\nName: Pkg_One\nVersion: 1.0\n"
+    archive = tmp_path / "one-0123456789abcdef.oci.tar"
+    oci_archive(archive, [layer({f"{site}/pkg_one-1.0.dist-info/METADATA": metadata})])
+    # A distribution on PYTHONPATH (a checkout's egg-info, say) is not the image's.
+    stray = tmp_path / "stray" / "stray-9.9.dist-info"
+    stray.mkdir(parents=True)
+    (stray / "METADATA").write_text("Metadata-Version: 2.1\nName: stray\nVersion: 9.9\n")
+    monkeypatch.setenv("PYTHONPATH", str(stray.parent))
+    monkeypatch.setenv("BATCHPILOT_CACHE", str(tmp_path / "cache"))
+    recipe = images.ImageRecipe(name="one", dockerfile="Dockerfile", site_packages=site)
+    sbom = json.loads(images.write_sbom(recipe, archive).read_text())
+    assert sbom["bomFormat"] == "CycloneDX"
+    assert [(c["name"], c["version"]) for c in sbom["components"]] == [("Pkg_One", "1.0")]
+
+
 def oci_archive(path: Path, layers: list[bytes]) -> int:
     """An OCI archive with gzip layers; returns their unpacked size."""
     blobs: dict[str, bytes] = {}
@@ -211,9 +320,9 @@ def test_unpacked_bytes_adds_up_the_layers_uncompressed(tmp_path: Path) -> None:
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     root = tmp_path / "cache"
     monkeypatch.setenv("BATCHPILOT_CACHE", str(root))
-    base = images.images_root() / "base" / f"{images.BASE_SUITE}-{images.base_recipe_key()}.tar"
-    base.parent.mkdir(parents=True)
-    base.write_bytes(b"a root filesystem")
+    for base in images.BASES:
+        base.tarball_path().parent.mkdir(parents=True, exist_ok=True)
+        base.tarball_path().write_bytes(f"{base.name}'s root filesystem".encode())
     monkeypatch.setattr(images, "require_tools", lambda: None)
     monkeypatch.setattr(images, "import_base", lambda *args: None)
     return root
@@ -225,7 +334,12 @@ def builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     built_names: list[str] = []
 
     def build_image(
-        buildah: images.Buildah, recipe: images.ImageRecipe, *, base: str, tag: str, context: Path
+        buildah: images.Buildah,
+        recipe: images.ImageRecipe,
+        *,
+        bases: dict[str, str],
+        tag: str,
+        context: Path,
     ) -> images.BuiltImage:
         built_names.append(recipe.name)
         built = images.BuiltImage(

@@ -81,6 +81,7 @@ def build_images(names: list[str] | None) -> int:
         return 1
     for image in built:
         print(images.describe(image))
+        print(images.describe_contents(images.recipe_named(image.name), image))
     fresh = [image.name for image in built if not image.cached]
     what = ", ".join(fresh) if fresh else "nothing (all current)"
     print(f"images: {time.monotonic() - started:.1f} s, built {what}, in {images.images_root()}")

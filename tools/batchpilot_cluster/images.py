@@ -6,12 +6,16 @@ Triton image from the same Dockerfiles a Docker user builds, and leaves each as 
 containerd imports (``ctr -n k8s.io images import``). Two things stand in for what a registry
 gives a Docker user:
 
-- The base. ``python:3.11-slim`` cannot be pulled, so mmdebstrap makes one from Debian bookworm's
-  packages (its ``python3`` is 3.11, with ``pip``, ``venv`` and a shared ``libpython`` as in the
-  official image; Debian's EXTERNALLY-MANAGED marker removed, so ``pip install`` installs
-  system-wide as it does there). The Dockerfiles take it as ``--build-arg BASE=``; their default
-  stays ``python:3.11-slim``. Its tag is a hash of the root filesystem's tarball, which
-  ``SOURCE_DATE_EPOCH`` makes reproducible for one set of package versions.
+- The bases. ``python:3.11-slim`` cannot be pulled, so mmdebstrap makes two from Debian bookworm's
+  packages. The build base (``--build-arg BASE=``) stands in for python:3.11-slim: its
+  ``python3`` is 3.11, with ``pip``, ``venv`` and a shared ``libpython`` as in the official image
+  (Debian's EXTERNALLY-MANAGED marker removed, so ``pip install`` installs system-wide as it does
+  there); the Triton image runs on it, and the operator's and sidecar's images build on it. The
+  runtime base (``--build-arg RUNTIME_BASE=``) is what those two run on, distroless: Python 3.11,
+  the libraries it links, the CA certificates and the time zone data, extracted without a shell,
+  pip, apt or dpkg's database (about 42 MB against the build base's 160). The Dockerfiles' defaults
+  stay ``python:3.11-slim`` for both. A base's tag is a hash of its root filesystem's tarball,
+  which ``SOURCE_DATE_EPOCH`` makes reproducible for one set of package versions.
 - The trust store. ``pip`` inside a ``RUN`` step reaches PyPI through the machine's egress, whose
   TLS certificates only the host's CA bundle trusts. The host's bundle is mounted read-only over
   the image's for the ``RUN`` steps only (``buildah bud --volume``); nothing of it stays in an
@@ -25,6 +29,12 @@ A run whose inputs are unchanged builds nothing. For whoever imports them into a
 ``last_built(name)`` those of the last run of any checkout (``current.json`` there).
 buildah runs with the vfs driver and chroot isolation (no overlay or user namespaces needed), its
 storage under the same folder; each build logs to ``images/logs/<name>.log``.
+
+What is inside each image is read back from its archive (`contents`): every Python distribution
+its Dockerfile installed (by its ``*.dist-info``) with its version and the bytes its files take,
+which ``make images`` prints (the largest first) and which a test compares with the lock's export
+the Dockerfile installs from (requirements/); and an SBOM (CycloneDX JSON, by the maintained
+``cyclonedx-py`` run over those same ``*.dist-info``) beside the archive.
 """
 
 from __future__ import annotations
@@ -38,10 +48,11 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -57,6 +68,44 @@ BASE_PACKAGES: Final = (
     "python-is-python3",  # `python`, as in python:3.11-slim
     "libpython3.11",  # a shared libpython, as there; Triton's Python backend stub links it
     "ca-certificates",
+)
+# The runtime base: Python and what it links, no shell. libpython3.11-stdlib brings the standard
+# library's C extensions and their libraries (libssl, libffi, zlib, ...); ca-certificates the CA
+# bundle for TLS (assembled by a hook: nothing is configured in the extract variant); tzdata the
+# time zones (a policy's `timezone`).
+RUNTIME_NAME: Final = "batchpilot-runtime"
+RUNTIME_PACKAGES: Final = (
+    "python3.11-minimal",
+    "libpython3.11-stdlib",
+    "ca-certificates",
+    "tzdata",
+)
+RUNTIME_HOOKS: Final = (
+    # What the base holds, for scanners: each package's control fields in status.d, as distroless
+    # images keep them (nothing is installed, so dpkg's status file stays empty).
+    'mkdir -p "$1"/var/lib/dpkg/status.d && for deb in "$1"/var/cache/apt/archives/*.deb; do'
+    ' dpkg-deb --field "$deb" > "$1/var/lib/dpkg/status.d/$(dpkg-deb --field "$deb" Package)";'
+    " done",
+    # What update-ca-certificates would write (OpenSSL's cert.pem points at it).
+    'cat "$1"/usr/share/ca-certificates/mozilla/*.crt > "$1"/etc/ssl/certs/ca-certificates.crt',
+    # `python3` and `python` as in the build base: the images' virtualenvs point at python3.
+    'ln -s python3.11 "$1"/usr/bin/python3 && ln -s python3.11 "$1"/usr/bin/python',
+    # What came as dependencies and nothing uses without a shell or a package manager: the
+    # package tools and their Perl modules, openssl's command, iconv's character sets (8 MB;
+    # Python's codecs are its own), the leap-second time zones, pydoc's help topics.
+    'rm -rf "$1"/usr/bin/dpkg* "$1"/usr/bin/debconf* "$1"/usr/bin/c_rehash "$1"/usr/bin/openssl'
+    ' "$1"/usr/bin/update-alternatives "$1"/bin/tar "$1"/usr/share/perl5 "$1"/usr/share/debconf'
+    ' "$1"/usr/share/lintian "$1"/usr/lib/x86_64-linux-gnu/gconv "$1"/usr/share/zoneinfo/right'
+    ' "$1"/usr/lib/python3.11/pydoc_data',
+    # The loader's cache, as ldconfig would leave it after an install.
+    'ldconfig -r "$1"',
+)
+PATH_EXCLUSIONS: Final = (
+    "--dpkgopt=path-exclude=/usr/share/man/*",
+    "--dpkgopt=path-exclude=/usr/share/info/*",
+    "--dpkgopt=path-exclude=/usr/share/locale/*",
+    "--dpkgopt=path-exclude=/usr/share/doc/*",
+    "--dpkgopt=path-include=/usr/share/doc/*/copyright",
 )
 # A fixed clock for mmdebstrap: the same packages give the same tarball, hence the same tag.
 BASE_SOURCE_DATE_EPOCH: Final = "1700000000"
@@ -84,12 +133,35 @@ STEP_TIMEOUT_SECONDS: Final = 600
 class ImageRecipe:
     name: str
     dockerfile: str  # relative to the context, the repository root
+    requirements: str = ""
+    """The lock's export the Dockerfile installs from (relative to the context)."""
+    site_packages: str = ""
+    """Where in the image the Dockerfile installs Python distributions (no leading slash)."""
+    own: tuple[str, ...] = ()
+    """The distributions built from this checkout (not from the lock)."""
 
 
 IMAGES: Final = (
-    ImageRecipe(name="batchpilot-operator", dockerfile="operator/Dockerfile"),
-    ImageRecipe(name="batchpilot-sidecar", dockerfile="sidecar/Dockerfile"),
-    ImageRecipe(name="batchpilot-triton", dockerfile="tools/batchpilot_cluster/triton.Dockerfile"),
+    ImageRecipe(
+        name="batchpilot-operator",
+        dockerfile="operator/Dockerfile",
+        requirements="requirements/operator-image.txt",
+        site_packages="opt/batchpilot/lib/python3.11/site-packages",
+        own=("batchpilot",),
+    ),
+    ImageRecipe(
+        name="batchpilot-sidecar",
+        dockerfile="sidecar/Dockerfile",
+        requirements="requirements/sidecar-image.txt",
+        site_packages="opt/batchpilot/lib/python3.11/site-packages",
+        own=("batchpilot-sidecar",),
+    ),
+    ImageRecipe(
+        name="batchpilot-triton",
+        dockerfile="tools/batchpilot_cluster/triton.Dockerfile",
+        requirements="requirements/triton-image.txt",
+        site_packages="usr/local/lib/python3.11/dist-packages",
+    ),
 )
 """The images, by the names their references carry (``localhost/<name>:<input hash>``)."""
 
@@ -155,10 +227,15 @@ def archive(
     recipe = next((recipe for recipe in recipes if recipe.name == name), None)
     if recipe is None:
         raise ImageError(f"unknown images: {name}")
-    tarball = base_tarball_path()
-    if not tarball.exists():
-        raise ImageError(f"{name}: no base built yet; run `python -m batchpilot_cluster images`")
-    tag = image_tag(recipe, context=context, base=base_reference(tarball))
+    bases: dict[str, str] = {}
+    for base in BASES:
+        tarball = base.tarball_path()
+        if not tarball.exists():
+            raise ImageError(
+                f"{name}: no {base.name} built yet; run `python -m batchpilot_cluster images`"
+            )
+        bases[base.argument] = base_reference(base, tarball)
+    tag = image_tag(recipe, context=context, bases=bases)
     built = cached_image(name, tag)
     if built is None:
         raise ImageError(
@@ -190,11 +267,7 @@ def base_argv(output: Path) -> list[str]:
         f"--include={','.join(BASE_PACKAGES)}",
         # Merged /usr as in Debian's images, without the usrmerge package (which pulls in perl).
         "--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr",
-        "--dpkgopt=path-exclude=/usr/share/man/*",
-        "--dpkgopt=path-exclude=/usr/share/info/*",
-        "--dpkgopt=path-exclude=/usr/share/locale/*",
-        "--dpkgopt=path-exclude=/usr/share/doc/*",
-        "--dpkgopt=path-include=/usr/share/doc/*/copyright",
+        *PATH_EXCLUSIONS,
         '--customize-hook=rm -f "$1"/usr/lib/python3*/EXTERNALLY-MANAGED',
         BASE_SUITE,
         str(output),
@@ -202,10 +275,50 @@ def base_argv(output: Path) -> list[str]:
     ]
 
 
+def runtime_argv(output: Path) -> list[str]:
+    """mmdebstrap's command line for the runtime base: the packages extracted, not installed
+    (no maintainer scripts, hence no shell needed), then the hooks that do what those would."""
+    return [
+        "mmdebstrap",
+        "--variant=extract",
+        f"--include={','.join(RUNTIME_PACKAGES)}",
+        *PATH_EXCLUSIONS,
+        # The extract variant runs no customize hooks: these run once the packages are unpacked.
+        *(f"--extract-hook={hook}" for hook in RUNTIME_HOOKS),
+        BASE_SUITE,
+        str(output),
+        BASE_MIRROR,
+    ]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BaseRecipe:
+    """A base image made by mmdebstrap, passed to the Dockerfiles as build argument `argument`."""
+
+    name: str
+    argument: str
+    stem: str
+    argv: Callable[[Path], list[str]]
+
+    def key(self) -> str:
+        """A hash of how the base is made; its tarball is cached under it."""
+        recipe = [RECIPE_VERSION, BASE_SOURCE_DATE_EPOCH, *BASE_ENVIRONMENT, *self.argv(Path("-"))]
+        return hashlib.sha256("\0".join(recipe).encode()).hexdigest()[:TAG_LENGTH]
+
+    def tarball_path(self) -> Path:
+        return images_root() / "base" / f"{self.stem}-{self.key()}.tar"
+
+
+BUILD_BASE: Final = BaseRecipe(name=BASE_NAME, argument="BASE", stem=BASE_SUITE, argv=base_argv)
+RUNTIME_BASE: Final = BaseRecipe(
+    name=RUNTIME_NAME, argument="RUNTIME_BASE", stem=f"{BASE_SUITE}-runtime", argv=runtime_argv
+)
+BASES: Final = (BUILD_BASE, RUNTIME_BASE)
+
+
 def base_recipe_key() -> str:
-    """A hash of how the base is made; its tarball is cached under it."""
-    recipe = [RECIPE_VERSION, BASE_SOURCE_DATE_EPOCH, *BASE_ENVIRONMENT, *base_argv(Path("-"))]
-    return hashlib.sha256("\0".join(recipe).encode()).hexdigest()[:TAG_LENGTH]
+    """The build base's key."""
+    return BUILD_BASE.key()
 
 
 def copied_sources(dockerfile: str) -> list[str]:
@@ -320,6 +433,179 @@ def unpacked_bytes(archive: Path) -> int:
         return total
 
 
+def layer_files(archive: Path) -> Iterator[tuple[tarfile.TarFile, tarfile.TarInfo]]:
+    """Every regular file of an OCI archive's layers, lowest layer first, with its layer."""
+    with tarfile.open(archive) as tar:
+        index = tar.extractfile("index.json")
+        assert index is not None
+        for entry in json.load(index)["manifests"]:
+            manifest = tar.extractfile(f"blobs/{entry['digest'].replace(':', '/', 1)}")
+            assert manifest is not None
+            for layer in json.load(manifest)["layers"]:
+                stream = tar.extractfile(f"blobs/{layer['digest'].replace(':', '/', 1)}")
+                assert stream is not None
+                with tarfile.open(fileobj=stream, mode="r|*") as layer_tar:
+                    for member in layer_tar:
+                        if member.isfile():
+                            yield layer_tar, member
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Distribution:
+    name: str
+    """As PyPI compares names (PEP 503)."""
+    version: str
+    size: int
+    """The bytes of its files, bytecode compiled from them included."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ImageContents:
+    """The Python distributions an image's Dockerfile installed, the largest first."""
+
+    distributions: tuple[Distribution, ...]
+    site_packages_bytes: int
+
+    def versions(self) -> dict[str, str]:
+        return {distribution.name: distribution.version for distribution in self.distributions}
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "site_packages_bytes": self.site_packages_bytes,
+            "distributions": [dataclasses.asdict(d) for d in self.distributions],
+        }
+
+    @classmethod
+    def from_json(cls, document: Mapping[str, Any]) -> ImageContents:
+        return cls(
+            distributions=tuple(Distribution(**entry) for entry in document["distributions"]),
+            site_packages_bytes=int(document["site_packages_bytes"]),
+        )
+
+
+def canonical_name(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def contents(archive: Path, site_packages: str) -> ImageContents:
+    """The distributions under `site_packages` in the archive: each `*.dist-info`'s name and
+    version, and the bytes under the top-level names its RECORD lists."""
+    prefix = site_packages.strip("/") + "/"
+    sizes: dict[str, int] = {}
+    metadata: dict[str, tuple[str, str]] = {}
+    records: dict[str, set[str]] = {}
+    for layer, member in layer_files(archive):
+        path = member.name.removeprefix("./")
+        if not path.startswith(prefix):
+            continue
+        relative = path.removeprefix(prefix)
+        sizes[relative] = member.size
+        folder, _, file_name = relative.partition("/")
+        if not folder.endswith(".dist-info") or file_name not in ("METADATA", "RECORD"):
+            continue
+        stream = layer.extractfile(member)
+        assert stream is not None
+        text = stream.read().decode("utf-8", errors="replace")
+        if file_name == "METADATA":
+            fields = dict(
+                line.split(": ", 1) for line in text.split("\n\n")[0].splitlines() if ": " in line
+            )
+            metadata[folder] = (canonical_name(fields["Name"]), fields["Version"])
+        else:
+            listed = (line.split(",")[0] for line in text.splitlines() if line.strip())
+            records[folder] = {
+                entry.split("/")[0] for entry in listed if not entry.startswith("..")
+            } | {folder}
+    owner: dict[str, str] = {}
+    for folder in sorted(records):
+        for top in records[folder]:
+            owner.setdefault(top, folder)
+    totals = dict.fromkeys(metadata, 0)
+    for relative, size in sizes.items():
+        owning = owner.get(relative.split("/")[0])
+        if owning in totals:
+            totals[owning] += size
+    distributions = sorted(
+        (
+            Distribution(name=name, version=version, size=totals[folder])
+            for folder, (name, version) in metadata.items()
+        ),
+        key=lambda distribution: (-distribution.size, distribution.name),
+    )
+    return ImageContents(
+        distributions=tuple(distributions), site_packages_bytes=sum(sizes.values())
+    )
+
+
+def contents_path(archive: Path) -> Path:
+    return archive.with_name(archive.name.removesuffix(".oci.tar") + ".contents.json")
+
+
+def sbom_path(archive: Path) -> Path:
+    return archive.with_name(archive.name.removesuffix(".oci.tar") + ".cdx.json")
+
+
+def recorded_contents(recipe: ImageRecipe, archive: Path) -> ImageContents:
+    """The image's contents, read from its archive once and kept beside it."""
+    record = contents_path(archive)
+    try:
+        return ImageContents.from_json(json.loads(record.read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    found = contents(archive, recipe.site_packages)
+    record.write_text(json.dumps(found.to_json(), indent=2) + "\n")
+    return found
+
+
+def write_sbom(recipe: ImageRecipe, archive: Path) -> Path:
+    """A CycloneDX SBOM of the image's Python distributions beside its archive: cyclonedx-py
+    reads an environment through its interpreter, so it is given a virtualenv that holds the
+    image's `*.dist-info` folders, as they are in the image, and nothing else."""
+    target = sbom_path(archive)
+    if target.exists():
+        return target
+    beside = Path(sys.executable).parent / "cyclonedx-py"
+    generator = str(beside) if beside.is_file() else shutil.which("cyclonedx-py")
+    if generator is None:
+        raise ImageError(f"{recipe.name}: cyclonedx-py is not installed (`make venv`)")
+    prefix = recipe.site_packages.strip("/") + "/"
+    log = logs_dir() / f"{recipe.name}.log"
+    with tempfile.TemporaryDirectory(prefix="sbom-") as scratch:
+        environment = Path(scratch) / "image"
+        run_logged(
+            [sys.executable, "-m", "venv", "--without-pip", str(environment)],
+            what=f"{recipe.name} (SBOM)",
+            log=log,
+            timeout=STEP_TIMEOUT_SECONDS,
+            env=os.environ,
+        )
+        (site,) = environment.glob("lib/python*/site-packages")
+        for layer, member in layer_files(archive):
+            relative = member.name.removeprefix("./").removeprefix(prefix)
+            folder = relative.split("/")[0]
+            if member.name.removeprefix("./").startswith(prefix) and folder.endswith(".dist-info"):
+                stream = layer.extractfile(member)
+                assert stream is not None
+                destination = site / relative
+                destination.parent.mkdir(parents=True, exist_ok=True)
+                destination.write_bytes(stream.read())
+        staging = target.with_name(f".staging-{os.getpid()}-{target.name}")
+        arguments = ["environment", "--output-reproducible", "--of", "JSON", "-o", str(staging)]
+        run_logged(
+            [generator, *arguments, str(environment)],
+            what=f"{recipe.name} (SBOM)",
+            log=log,
+            timeout=STEP_TIMEOUT_SECONDS,
+            # The environment's interpreter sees the image's folders alone: no PYTHONPATH.
+            env={
+                **{k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")},
+                "SOURCE_DATE_EPOCH": BASE_SOURCE_DATE_EPOCH,
+            },
+        )
+        staging.rename(target)
+    return target
+
+
 def file_digest(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as stream:
@@ -431,22 +717,18 @@ def storage() -> Buildah:
 # --- building ------------------------------------------------------------------------------
 
 
-def base_tarball_path() -> Path:
-    return images_root() / "base" / f"{BASE_SUITE}-{base_recipe_key()}.tar"
-
-
-def base_tarball() -> Path:
+def base_tarball(base: BaseRecipe) -> Path:
     """The base's root filesystem, made by mmdebstrap once per recipe."""
-    tarball = base_tarball_path()
+    tarball = base.tarball_path()
     if tarball.exists():
         return tarball
-    log = logs_dir() / f"{BASE_NAME}.log"
+    log = logs_dir() / f"{base.name}.log"
     tarball.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=tarball.parent, prefix=".staging-") as staging:
         output = Path(staging) / tarball.name
         run_logged(
-            base_argv(output),
-            what=f"{BASE_NAME} (mmdebstrap {BASE_SUITE})",
+            base.argv(output),
+            what=f"{base.name} (mmdebstrap {BASE_SUITE})",
             log=log,
             timeout=BASE_TIMEOUT_SECONDS,
             env={**os.environ, "SOURCE_DATE_EPOCH": BASE_SOURCE_DATE_EPOCH},
@@ -455,20 +737,20 @@ def base_tarball() -> Path:
     return tarball
 
 
-def base_reference(tarball: Path) -> str:
+def base_reference(base: BaseRecipe, tarball: Path) -> str:
     """The base's reference, tagged by its content; computed once per tarball."""
     digest_file = tarball.with_suffix(".sha256")
     if not digest_file.exists():
         digest_file.write_text(file_digest(tarball) + "\n")
-    return reference(BASE_NAME, digest_file.read_text().strip()[:TAG_LENGTH])
+    return reference(base.name, digest_file.read_text().strip()[:TAG_LENGTH])
 
 
 def import_base(buildah: Buildah, tarball: Path, name: str) -> None:
     """The tarball as an image in buildah's storage, configured as python:3.11-slim is."""
     if buildah.has_image(name):
         return
-    log = logs_dir() / f"{BASE_NAME}.log"
-    what = f"{BASE_NAME} (import)"
+    log = logs_dir() / "bases.log"
+    what = f"{name} (import)"
     container = buildah.run("from", "scratch", what=what, log=log, capture=True).strip()
     try:
         buildah.run("add", "--quiet", container, str(tarball), "/", what=what, log=log)
@@ -485,18 +767,34 @@ def import_base(buildah: Buildah, tarball: Path, name: str) -> None:
         )
 
 
-def build_arguments(base: str) -> dict[str, str]:
-    return {"BASE": base}
+def declared_arguments(dockerfile: str) -> list[str]:
+    """The build arguments a Dockerfile declares (`ARG NAME` or `ARG NAME=default`)."""
+    return re.findall(r"^\s*ARG\s+([A-Za-z_][A-Za-z0-9_]*)", dockerfile, flags=re.MULTILINE)
 
 
-def image_tag(recipe: ImageRecipe, *, context: Path, base: str) -> str:
+def build_arguments(bases: Mapping[str, str], dockerfile: str) -> dict[str, str]:
+    """The bases' references, for the arguments the Dockerfile declares."""
+    declared = set(declared_arguments(dockerfile))
+    return {argument: value for argument, value in bases.items() if argument in declared}
+
+
+def image_tag(recipe: ImageRecipe, *, context: Path, bases: Mapping[str, str]) -> str:
+    arguments = build_arguments(bases, (context / recipe.dockerfile).read_text())
     return input_tag(
-        context=context, dockerfile=recipe.dockerfile, base=base, build_args=build_arguments(base)
+        context=context,
+        dockerfile=recipe.dockerfile,
+        base=" ".join(f"{key}={value}" for key, value in sorted(arguments.items())),
+        build_args=arguments,
     )
 
 
 def build_image(
-    buildah: Buildah, recipe: ImageRecipe, *, base: str, tag: str, context: Path
+    buildah: Buildah,
+    recipe: ImageRecipe,
+    *,
+    bases: Mapping[str, str],
+    tag: str,
+    context: Path,
 ) -> BuiltImage:
     log = logs_dir() / f"{recipe.name}.log"
     log.unlink(missing_ok=True)
@@ -505,7 +803,8 @@ def build_image(
     volumes = (
         ["--volume", f"{HOST_CA_BUNDLE}:{HOST_CA_BUNDLE}:ro"] if HOST_CA_BUNDLE.is_file() else []
     )
-    arguments = [f"{key}={value}" for key, value in build_arguments(base).items()]
+    declared = build_arguments(bases, (context / recipe.dockerfile).read_text())
+    arguments = [f"{key}={value}" for key, value in declared.items()]
     buildah.run(
         "bud",
         "--isolation",
@@ -567,17 +866,22 @@ def build(
     if unknown:
         raise ImageError(f"unknown images: {', '.join(sorted(unknown))}")
     require_tools()
-    tarball = base_tarball()
-    base = base_reference(tarball)
+    tarballs = {base.argument: base_tarball(base) for base in BASES}
+    bases = {base.argument: base_reference(base, tarballs[base.argument]) for base in BASES}
     buildah = storage()
     results: list[BuiltImage] = []
     for recipe in chosen:
-        tag = image_tag(recipe, context=context, base=base)
+        tag = image_tag(recipe, context=context, bases=bases)
         built = cached_image(recipe.name, tag)
         if built is None:
-            import_base(buildah, tarball, base)
-            built = build_image(buildah, recipe, base=base, tag=tag, context=context)
+            dockerfile = (context / recipe.dockerfile).read_text()
+            for argument in build_arguments(bases, dockerfile):
+                import_base(buildah, tarballs[argument], bases[argument])
+            built = build_image(buildah, recipe, bases=bases, tag=tag, context=context)
             prune_archives(recipe.name, keep=KEPT_ARCHIVES)
+        if recipe.site_packages:
+            recorded_contents(recipe, built.archive)
+            write_sbom(recipe, built.archive)
         results.append(built)
         record_current(built)
     return results
@@ -604,6 +908,30 @@ def record_current(built: BuiltImage) -> None:
     staging = path.with_name(f".staging-{os.getpid()}-current.json")
     staging.write_text(json.dumps(current, indent=2, sort_keys=True) + "\n")
     staging.rename(path)
+
+
+def describe_contents(recipe: ImageRecipe, built: BuiltImage, *, largest: int = 8) -> str:
+    """The image's Python distributions' share of it and the largest of them."""
+    found = recorded_contents(recipe, built.archive)
+    megabytes = 1e6
+    lines = [
+        f"  Python distributions: {found.site_packages_bytes / megabytes:.1f} MB in "
+        f"/{recipe.site_packages} ({len(found.distributions)}); the base and the rest: "
+        f"{(built.image_bytes - found.site_packages_bytes) / megabytes:.1f} MB; SBOM "
+        f"{sbom_path(built.archive).name}"
+    ]
+    lines += [
+        f"    {d.size / megabytes:6.1f} MB  {d.name} {d.version}"
+        for d in found.distributions[:largest]
+    ]
+    return "\n".join(lines)
+
+
+def recipe_named(name: str, recipes: Sequence[ImageRecipe] = IMAGES) -> ImageRecipe:
+    found = next((recipe for recipe in recipes if recipe.name == name), None)
+    if found is None:
+        raise ImageError(f"unknown images: {name}")
+    return found
 
 
 def describe(built: BuiltImage) -> str:

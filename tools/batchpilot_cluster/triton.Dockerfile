@@ -9,11 +9,14 @@
 # tritonserver binary on PyPI): its libraries go to /opt/tritonserver/lib, where the binary's
 # RPATH (${ORIGIN}/../lib) looks, and on LD_LIBRARY_PATH for the backend and its stub. The demo
 # models are in /models for clusters that mount nothing there; a mounted repository hides them.
+# The pytriton wheel and numpy are the lock's (requirements/triton-*.txt, exported from uv.lock
+# with their hashes): the server and the NumPy the virtualenv's tests run.
 ARG BASE=python:3.11-slim
 FROM ${BASE} AS server
-ARG PYTRITON_VERSION=0.7.0
 WORKDIR /src
-RUN pip download --no-cache-dir --no-deps --dest . "nvidia-pytriton==${PYTRITON_VERSION}" \
+COPY requirements/triton-server.txt ./requirements/
+RUN pip download --no-cache-dir --no-deps --require-hashes --dest . \
+      -r requirements/triton-server.txt \
  && python -m zipfile -e nvidia_pytriton-*.whl wheel \
  && mkdir -p /opt/tritonserver/backends \
  && mv wheel/pytriton/tritonserver/bin wheel/pytriton/tritonserver/caches /opt/tritonserver/ \
@@ -27,7 +30,9 @@ RUN pip download --no-cache-dir --no-deps --dest . "nvidia-pytriton==${PYTRITON_
 
 FROM ${BASE}
 # numpy: Triton's triton_python_backend_utils and the demo models import it.
-RUN pip install --no-cache-dir "numpy==1.26.4" \
+COPY requirements/triton-image.txt /tmp/requirements.txt
+RUN pip install --no-cache-dir --require-hashes -r /tmp/requirements.txt \
+ && rm /tmp/requirements.txt \
  && useradd --uid 1000 --user-group --no-create-home --home-dir /tmp --shell /usr/sbin/nologin \
       triton-server
 COPY --from=server /opt/tritonserver /opt/tritonserver

@@ -24,8 +24,10 @@ def library() -> Any:
         import exchange_calendars
     except ImportError as error:
         raise CalendarsUnavailable(
-            f"exchange calendars need the exchange-calendars package, which is not installed "
-            f"({error})"
+            "exchange calendars need the exchange-calendars package, which is not installed "
+            "here (the operator's image leaves it out: install batchpilot[calendars], or build "
+            "the image with --build-arg OPERATOR_REQUIREMENTS=requirements/operator-calendars.txt;"
+            f" {error})"
         ) from None
     return exchange_calendars
 
