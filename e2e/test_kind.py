@@ -133,9 +133,13 @@ def test_on_kind_a_user_installs_and_a_fleet_switches_under_load_through_a_servi
         for pod in tritons:
             assert install.conditions_of(pod).get("Ready") == "False"  # the gate holds it back
 
-        # 4. The policy; then a switch and back under load through the Service.
+        # 4. The policy; then a switch and back under load through the Service. (Deleted
+        # before the uninstall: its finalizer needs the operator.)
         policy = tmp_path / "policy.yaml"
         policy.write_text(install.POLICY)
+        cleanup.callback(
+            kube.kubectl_run, "delete", "-n", triton, "-f", str(policy), "--timeout=60s", timeout=90
+        )
         install.kubectl(kube, "apply", "-n", triton, "-f", str(policy))
         waiting.wait_for("bulk everywhere", fleet.everyone_serves(ips, "bulk"), timeout=120)
         service = kube.core.read_namespaced_service("triton", triton).spec

@@ -187,7 +187,7 @@ def up() -> dict[str, float]:
         config_file.write_text(yaml.safe_dump(cluster_config(local_node=local_node)))
         run(
             [str(kind), "create", "cluster", "--name", CLUSTER, "--image", reference,
-             "--config", str(config_file), "--wait", WAIT, "--retain"],
+             "--config", str(config_file), "--wait", WAIT],
             env=environment,
         )  # fmt: skip
     run(

@@ -65,6 +65,7 @@ NODE_PACKAGES: Final = (
     "bash",
     "ca-certificates",
     "procps",
+    "jq",  # kind's mount-product-files.sh, the hook of every container
     "runc",
     "containernetworking-plugins",
 )
@@ -274,13 +275,13 @@ ExecStartPre=/kind/bin/batchpilot-kubelet-cgroups.sh
 
 KUBELET_CGROUPS: Final = """\
 #!/bin/sh
-# batchpilot: on cgroup v1, kind's entrypoint makes the kubelet's cgroups only in the hierarchies
-# mounted when it runs; systemd mounts more later (hugetlb, net_cls, perf_event on a host that
-# does not), and the kubelet refuses to start without its cgroups there too.
-set -eu
+# batchpilot: on cgroup v1, the kubelet's cgroups in every hierarchy mounted now, including those
+# mounted after kind's entrypoint made the others; a hierarchy the host does not mount stays an
+# empty read-only directory, which the kubelet does without.
+set -u
 [ ! -f /sys/fs/cgroup/cgroup.controllers ] || exit 0
-for hierarchy in /sys/fs/cgroup/*/; do
-  [ -L "${hierarchy%/}" ] || mkdir -p "${hierarchy}kubelet" "${hierarchy}kubelet.slice"
+for hierarchy in $(findmnt -lun -o target -t cgroup | grep -v /kubelet); do
+  mkdir -p "$hierarchy/kubelet" "$hierarchy/kubelet.slice" || true
 done
 """
 
