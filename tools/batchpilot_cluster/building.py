@@ -17,7 +17,7 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 from batchpilot_cluster import locations, versions
@@ -300,7 +300,9 @@ def check_go_directive(go_mod: str, *, what: str) -> None:
         raise BuildError(f"{what} needs go {required}; this Go is older (GOTOOLCHAIN=local)")
 
 
-def build(*, force: bool = False) -> BuildReport:
+def build(*, force: bool = False, only: Collection[str] | None = None) -> BuildReport:
+    """Every binary (or `only` these) that is missing or stale; the kind path with a registry's
+    node image needs helm and kubectl alone."""
     if shutil.which("go") is None:
         raise BuildError("the go command is not on PATH")
     started = time.monotonic()
@@ -320,6 +322,8 @@ def build(*, force: bool = False) -> BuildReport:
             stale = list(product.binaries)
         else:
             stale = stale_binaries(product, bin_dir=bin_dir, stamps=stamps)
+        if only is not None:
+            stale = [binary for binary in stale if binary in only]
         if not stale:
             continue
         needs = go
@@ -335,13 +339,11 @@ def build(*, force: bool = False) -> BuildReport:
     return BuildReport(bin_dir=bin_dir, built=tuple(built), seconds=time.monotonic() - started)
 
 
-def require_binaries() -> Path:
+def require_binaries(names: Collection[str] = ALL_BINARIES) -> Path:
     """The bin dir, or a clear error telling how to build it (starting a cluster never builds)."""
     bin_dir = locations.bin_dir()
     stamps = read_stamps(bin_dir)
-    missing = [
-        name for name in ALL_BINARIES if name not in stamps or not (bin_dir / name).is_file()
-    ]
+    missing = [name for name in names if name not in stamps or not (bin_dir / name).is_file()]
     if missing:
         raise BuildError(
             f"missing {', '.join(missing)} in {bin_dir}; run `python -m batchpilot_cluster build`"
