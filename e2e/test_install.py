@@ -621,6 +621,25 @@ def test_a_user_installs_switches_hitlessly_upgrades_and_uninstalls_on_a_real_no
         # 6. The user deletes the policy, then uninstalls.
         kubectl(kube, "delete", "-n", triton, "-f", str(policy), "--timeout=60s", timeout=90)
         assert set(gates(kube, triton).values()) == {"True"}
+        # ... but a second one, which the operator has reconciled, is left behind (out of the
+        # documented order): the operator put no finalizer on it.
+        kubectl(
+            kube,
+            "apply",
+            "-n",
+            triton,
+            "-f",
+            "-",
+            stdin=POLICY.replace("name: triton", "name: left", 1),
+        )
+        waiting.wait_for(
+            "the left-behind policy reconciled",
+            lambda: kubectl(kube, "get", "bp", "left", "-n", triton, "-o",
+                            "jsonpath={.status.observedGeneration}") == "1",
+            timeout=60,
+        )  # fmt: skip
+        assert kubectl(kube, "get", "bp", "left", "-n", triton, "-o",
+                       "jsonpath={.metadata.finalizers}") == ""  # fmt: skip
         manifest = helm(kube, "get", "manifest", release, "-n", system)
         objects = release_objects(manifest)
         helm(kube, "uninstall", release, "-n", system, "--wait", "--timeout", "120s")
@@ -633,6 +652,14 @@ def test_a_user_installs_switches_hitlessly_upgrades_and_uninstalls_on_a_real_no
         )
         assert "sh.helm.release" not in kubectl(kube, "get", "secrets", "-n", system, "-o", "name")
         assert set(gates(kube, triton).values()) == {"True"}
+        # With no operator left, deleting the left-behind policy, then its namespace, does not
+        # hang (a finalizer would hold both until removed by hand).
+        deleting = time.monotonic()
+        kubectl(kube, "delete", "bp", "left", "-n", triton, "--timeout=20s", timeout=30)
+        kubectl(kube, "delete", "namespace", triton, "--timeout=90s", timeout=100)
+        print(
+            f"policy and namespace deleted after the uninstall: {time.monotonic() - deleting:.1f} s"
+        )
         # Kept by design: the CRDs (helm never deletes a chart's crds/), and the namespaces,
         # which the user made.
         kept = kubectl(kube, "get", "crd", "-o", "name").split()
