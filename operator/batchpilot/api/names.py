@@ -13,3 +13,7 @@ GOVERNED_LABEL = f"{GROUP}/governed"
 the cluster's. A policy's `spec.target.selector` then picks among those Pods."""
 GOVERNED_VALUE = "true"
 GOVERNED_SELECTOR = f"{GOVERNED_LABEL}={GOVERNED_VALUE}"
+
+CRD_REVISION_ANNOTATION = f"{GROUP}/crd-revision"
+"""On the CRD: a digest of its spec, so the chart can tell an installed CRD from another release
+and refuse to upgrade over it (helm never upgrades a chart's crds/)."""
