@@ -225,7 +225,8 @@ class Controller:
             self.deleted[uid] = None
             while len(self.deleted) > DELETED_REMEMBERED:
                 del self.deleted[next(iter(self.deleted))]
-            self.poke(namespace, name)
+            if (namespace, name) in self.wakeups:  # a loop waits: wake it to see the deletion
+                self.poke(namespace, name)
         ended = self.loops.get((namespace, name))
         if ended is not None and uid is not None:
             # A rollout in progress is cancelled, as kopf cancels a stopped daemon: the gates it
