@@ -10,6 +10,7 @@ one writer per policy: reconciles of the same policy never overlap.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import logging
 import time
@@ -140,9 +141,22 @@ class Controller:
     """The client of the operator's own requests, closed with it."""
 
     async def close(self) -> None:
+        # A deleted policy's loop is no longer kopf's to stop before its cleanup (no finalizer
+        # kept the policy): its pass ends, or is cancelled, before the clients it uses close.
+        await self._loops_ended(DELETED_PASS_GRACE_SECONDS)
+        for running in list(self.passes.values()):
+            running.cancel()
+        await self._loops_ended(LOOP_END_TIMEOUT_SECONDS)
         await self.reconciler.fleet.close()
         if self.kube is not None:
             self.kube.close()
+
+    async def _loops_ended(self, seconds: float) -> None:
+        endings = [ended.wait() for ended in self.loops.values()]
+        if endings:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(seconds):
+                    await asyncio.gather(*endings)
 
     def attach_pods(self, index: kube_pods.PodIndex) -> None:
         """Hand kopf's live index of Pods to the reader; kopf fills it before any handler."""

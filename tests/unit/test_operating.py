@@ -592,3 +592,30 @@ async def test_a_pod_left_closed_by_a_policy_deleted_while_no_operator_ran_is_re
     ):
         await subject.open_if_ungoverned(namespace="ns", pod=pod, index=index)  # type: ignore[arg-type]
     assert pods.opened == [("ns", "orphaned", "NotGoverned")]
+
+
+class ClosingFleet:
+    def __init__(self) -> None:
+        self.closed_at: float | None = None
+
+    async def close(self) -> None:
+        self.closed_at = asyncio.get_running_loop().time()
+
+
+@pytest.mark.looptime
+async def test_closing_ends_the_passes_still_running_before_the_clients_close() -> None:
+    """A deleted policy's loop is no longer kopf's to stop when the operator shuts down: its
+    pass must not use the clients after they closed (seen in bench_scale: `cannot schedule new
+    futures after shutdown`)."""
+    reconciler = SlowPass()
+    fleet = ClosingFleet()
+    reconciler.fleet = fleet  # type: ignore[attr-defined]
+    subject = controller(reconciler, Recorder(), interval=30)
+    body = {"spec": spec_document(), "status": {}, "metadata": {"generation": 1, "uid": "u-1"}}
+    follow = asyncio.create_task(
+        subject.follow(namespace="ns", name="fleet", body=body, stopped=Stopped())  # type: ignore[arg-type]
+    )
+    await asyncio.sleep(5)
+    await subject.close()
+    assert follow.done()
+    assert fleet.closed_at == pytest.approx(6)
