@@ -252,6 +252,6 @@ def test_operator_with_the_chart_s_rbac_switches_a_real_triton(
         assert yaml.safe_load(peering.stdout).get("status") or {}, "the operator never joined"
         assert "Forbidden" not in operator.log
     finally:
-        # While the operator runs, so that it lifts its finalizer and the namespace can go.
+        # While the operator runs, so that it opens the gates the policy held.
         api.kubectl_run("delete", "bp", "--all", "-n", namespace, "--timeout=20s")
         operator.stop()

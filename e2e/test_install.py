@@ -1,5 +1,6 @@
-"""The path a user walks, on the cluster's real node: images, `helm install`, the example Triton
-Deployment, a policy, a hitless switch under load, `helm upgrade`, `helm uninstall`.
+"""The path a user walks, on the cluster's real node: images, `helm install` of the previous
+chart, the example Triton Deployment, a policy, a hitless switch under load, the CRDs and `helm
+upgrade` to this chart, `helm uninstall`.
 
 Everything a user would run is run as they would run it: helm and kubectl with files, the
 Deployment from manifests/triton-deployment.yaml with only its replicas and images changed, the
@@ -60,6 +61,12 @@ RESTRICTED = "pod-security.kubernetes.io/enforce=restricted"
 CREDENTIAL = "triton-repository-credential"
 CLAIM = "triton-model-repository"
 UPGRADED_INTERVAL = 7
+PREVIOUS_CHART = "bf5c4c3"
+"""The commit that last changed the chart before the CRDs carried a revision (no release is
+tagged yet): the test installs its chart, then upgrades to this checkout's. Both run this
+checkout's images."""
+CRD = "customresourcedefinition/batchpolicies.batchpilot.dev"
+REVISION = "batchpilot.dev/crd-revision"
 RATE = 50.0
 """Requests per second through the Service while the fleet flips and back."""
 POLICY = """\
@@ -109,6 +116,17 @@ def kubectl(kube: Kube, *args: str, stdin: str | None = None, timeout: float = 6
     done = kube.kubectl_run(*args, stdin=stdin, timeout=timeout)
     assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
     return done.stdout
+
+
+def previous_chart(into: Path) -> Path:
+    """The chart as PREVIOUS_CHART had it, from git (`git archive`), as a user has it from the
+    release before."""
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", PREVIOUS_CHART, "charts/batchpilot"],
+        check=True, capture_output=True, timeout=60,
+    ).stdout  # fmt: skip
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True, timeout=60)
+    return into / "charts" / "batchpilot"
 
 
 def helm(kube: Kube, *args: str, timeout: float = 300) -> str:
@@ -451,8 +469,8 @@ def test_a_user_installs_switches_hitlessly_upgrades_and_uninstalls_on_a_real_no
             charts.helm, "uninstall", release, "-n", system, "--kubeconfig", str(kube.kubeconfig),
             "--kube-context", kube.context, "--wait", "--timeout", "60s", timeout=90,
         )  # fmt: skip
-        helm(kube, "install", release, str(charts.CHART), "-n", system, "-f", str(values),
-             "--wait", "--timeout", "240s")  # fmt: skip
+        helm(kube, "install", release, str(previous_chart(tmp_path)), "-n", system, "-f",
+             str(values), "--wait", "--timeout", "240s")  # fmt: skip
         print(f"helm install --wait: {time.monotonic() - installing:.1f} s")
         operator_selector = f"app.kubernetes.io/instance={release}"
         operators = pod_list(kube, system, operator_selector)
@@ -595,12 +613,23 @@ def test_a_user_installs_switches_hitlessly_upgrades_and_uninstalls_on_a_real_no
         assert status == 404, body
         assert "is not in the model repository" in body
 
-        # 5. helm upgrade with a new interval: new operator Pods run with it, the fleet stays.
+        # 5. The upgrade to this chart, with a new interval: the CRDs first (helm never upgrades
+        # crds/), then the chart; new operator Pods run with it, the policy and the fleet stay.
+        before = json.loads(kubectl(kube, "get", "bp", "triton", "-n", triton, "-o", "json"))
         with Readiness(kube, triton) as readiness:
             old = {pod.metadata.name for pod in pod_list(kube, system, operator_selector)}
             interval = f"operator.interval={UPGRADED_INTERVAL}"
-            helm(kube, "upgrade", release, str(charts.CHART), "-n", system, "--reuse-values",
-                 "--set", interval, "--wait", "--timeout", "240s")  # fmt: skip
+            upgrade = ("upgrade", release, str(charts.CHART), "-n", system, "--reuse-values",
+                       "--set", interval, "--wait", "--timeout", "240s")  # fmt: skip
+            # A CRD of another release: the chart refuses, saying what to do.
+            kubectl(kube, "annotate", "--overwrite", CRD, f"{REVISION}=another-release")
+            refused = charts.helm(*upgrade, "--kubeconfig", str(kube.kubeconfig),
+                                  "--kube-context", kube.context, timeout=300)  # fmt: skip
+            assert refused.returncode != 0
+            assert "apply this release's CRDs first" in refused.stderr, refused.stderr
+            kubectl(kube, "apply", "--server-side", "--force-conflicts", "-f",
+                    str(REPO / "crds"))  # fmt: skip
+            helm(kube, *upgrade)
             upgraded = waiting.wait_for(
                 "only the upgraded operator Pods",
                 lambda: (
@@ -619,12 +648,36 @@ def test_a_user_installs_switches_hitlessly_upgrades_and_uninstalls_on_a_real_no
             time.sleep(3 * UPGRADED_INTERVAL)  # passes of the new operator
             assert bp_columns(kube, triton)["PROFILE"] == "bulk"
             assert fleet.everyone_serves(ips, "bulk")()
+        # None lost, none re-applied: the same policy, unchanged, and no gate went False.
+        after = json.loads(kubectl(kube, "get", "bp", "triton", "-n", triton, "-o", "json"))
+        for key in ("uid", "generation"):
+            assert after["metadata"][key] == before["metadata"][key], key
+        assert after["spec"] == before["spec"]
         assert not readiness.gate_went_false(), readiness.history
         assert set(gates(kube, triton).values()) == {"True"}
 
         # 6. The user deletes the policy, then uninstalls.
         kubectl(kube, "delete", "-n", triton, "-f", str(policy), "--timeout=60s", timeout=90)
         assert set(gates(kube, triton).values()) == {"True"}
+        # ... but a second one, which the operator has reconciled, is left behind (out of the
+        # documented order): the operator put no finalizer on it.
+        kubectl(
+            kube,
+            "apply",
+            "-n",
+            triton,
+            "-f",
+            "-",
+            stdin=POLICY.replace("name: triton", "name: left", 1),
+        )
+        waiting.wait_for(
+            "the left-behind policy reconciled",
+            lambda: kubectl(kube, "get", "bp", "left", "-n", triton, "-o",
+                            "jsonpath={.status.observedGeneration}") == "1",
+            timeout=60,
+        )  # fmt: skip
+        assert kubectl(kube, "get", "bp", "left", "-n", triton, "-o",
+                       "jsonpath={.metadata.finalizers}") == ""  # fmt: skip
         manifest = helm(kube, "get", "manifest", release, "-n", system)
         objects = release_objects(manifest)
         helm(kube, "uninstall", release, "-n", system, "--wait", "--timeout", "120s")
@@ -637,6 +690,14 @@ def test_a_user_installs_switches_hitlessly_upgrades_and_uninstalls_on_a_real_no
         )
         assert "sh.helm.release" not in kubectl(kube, "get", "secrets", "-n", system, "-o", "name")
         assert set(gates(kube, triton).values()) == {"True"}
+        # With no operator left, deleting the left-behind policy, then its namespace, does not
+        # hang (a finalizer would hold both until removed by hand).
+        deleting = time.monotonic()
+        kubectl(kube, "delete", "bp", "left", "-n", triton, "--timeout=20s", timeout=30)
+        kubectl(kube, "delete", "namespace", triton, "--timeout=90s", timeout=100)
+        print(
+            f"policy and namespace deleted after the uninstall: {time.monotonic() - deleting:.1f} s"
+        )
         # Kept by design: the CRDs (helm never deletes a chart's crds/), and the namespaces,
         # which the user made.
         kept = kubectl(kube, "get", "crd", "-o", "name").split()

@@ -102,7 +102,8 @@ def start_hostile_pod(kube: Kube, namespace: str) -> str:
         ),
     )
     kube.core.create_namespaced_pod(
-        namespace, hostile_pod("hostile", {"app": "hostile"}, fleet.placement(kube))
+        namespace,
+        hostile_pod("hostile", {"app": "hostile", **fleet.GOVERNED_LABELS}, fleet.placement(kube)),
     )
 
     def ip() -> str | None:

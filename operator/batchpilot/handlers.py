@@ -1,10 +1,20 @@
 """The kopf handlers: thin, they only unpack kopf's arguments and delegate to the Controller.
 
 Importing this module registers them with kopf's default registry; `run` starts kopf with them.
+
+No BatchPolicy carries a finalizer of batchpilot's. kopf would put one on every policy for its
+daemon (it stops a daemon before letting the object go), and after an uninstall, or while the
+operator is down, deleting a policy, or its namespace, would hang on it until someone removed it
+by hand. Instead the policy's DELETED event ends its loop and opens the gates it left False
+(`policy_changed`); a policy deleted while no operator ran leaves its Pods' gates as they were,
+and the operator opens those no policy selects when it lists the Pods again (`pod_changed`).
+kopf also takes the finalizer it put on policies before off them, as the first event of each
+arrives.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import secrets
 from typing import Any
@@ -15,6 +25,7 @@ from batchpilot import operating, telemetry
 from batchpilot.api import names, v1alpha1
 
 GROUP, VERSION, PLURAL = names.GROUP, v1alpha1.VERSION, names.PLURAL
+WATCH_PAGE_SIZE = 500
 
 
 def controller_of(memo: Any) -> operating.Controller:
@@ -37,6 +48,12 @@ async def configure(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> 
     settings.persistence.finalizer = f"{GROUP}/operator"
     # No watching of CRDs and namespaces: fewer permissions, and the CRD is installed first.
     settings.scanning.disabled = True
+    # Only the Pods that opted in (names.GOVERNED_LABEL) reach the operator at all: the API
+    # server filters the watch, so nothing is kept, indexed or even parsed for the others, and
+    # the operator's memory follows the fleet it governs, not the cluster's Pods.
+    settings.watching.label_selectors["", "v1", "pods"] = names.GOVERNED_SELECTOR
+    # The first LIST of a large fleet arrives in pages, never as one response held whole.
+    settings.watching.chunk_size = WATCH_PAGE_SIZE
     settings.posting.level = logging.INFO
     settings.peering.stealth = True
     if not controller_of(memo).options.verbose:
@@ -89,16 +106,6 @@ async def pods_by_namespace(
     return {namespace: operating.pod_snapshot(body)}
 
 
-@kopf.on.delete(GROUP, VERSION, PLURAL, id="release-pods")
-async def release_pods(
-    *, namespace: str | None, name: str, spec: kopf.Spec, memo: Any, **indices: Any
-) -> None:
-    """Gates the deleted policy left False open: its Pods go back into their Services."""
-    assert namespace is not None
-    controller_of(memo).attach_pods(indices["pods_by_namespace"])
-    await controller_of(memo).policy_deleted(namespace=namespace, name=name, spec=dict(spec))
-
-
 @kopf.daemon(
     GROUP, VERSION, PLURAL, id="reconcile", cancellation_backoff=1.0, cancellation_timeout=10.0
 )
@@ -119,11 +126,40 @@ async def reconcile(
     )
 
 
+def _without_finalizers(registry: kopf.OperatorRegistry) -> None:
+    """kopf's daemons always ask for a finalizer; batchpilot's loop ends on the policy's
+    DELETED event instead (see the module's docstring). kopf has no public switch for it, so
+    the registered daemon handlers are replaced by copies that do not ask; a unit test fails
+    if kopf would still add one."""
+    spawning = registry._spawning
+    spawning._handlers = [
+        dataclasses.replace(handler, requires_finalizer=False)
+        for handler in spawning.get_all_handlers()
+    ]
+
+
+_without_finalizers(kopf.get_default_registry())
+
+
 @kopf.on.event(GROUP, VERSION, PLURAL)
 async def policy_changed(
-    *, namespace: str | None, name: str, body: kopf.Body, memo: Any, **_: Any
+    *,
+    namespace: str | None,
+    name: str,
+    body: kopf.Body,
+    event: kopf.RawEvent,
+    memo: Any,
+    **indices: Any,
 ) -> None:
-    if namespace and body.meta.get("generation") != body.status.get("observedGeneration"):
+    if not namespace:
+        return
+    if event.get("type") == "DELETED":
+        # Its loop ends, then the gates it left False open: its Pods go back into their Services.
+        controller_of(memo).attach_pods(indices["pods_by_namespace"])
+        await controller_of(memo).policy_deleted(
+            namespace=namespace, name=name, spec=dict(body.spec), uid=body.meta.uid
+        )
+    elif body.meta.get("generation") != body.status.get("observedGeneration"):
         controller_of(memo).poke(namespace, name)
 
 
@@ -141,6 +177,10 @@ async def pod_changed(
         controller_of(memo).pod_changed(
             namespace=namespace, pod=body, event_type=event.get("type"), index=index
         )
+        if event.get("type") == "DELETED":
+            await controller_of(memo).pod_left(namespace=namespace, pod=body)
+        else:
+            await controller_of(memo).open_if_ungoverned(namespace=namespace, pod=body, index=index)
 
 
 def run(

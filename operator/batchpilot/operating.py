@@ -10,6 +10,7 @@ one writer per policy: reconciles of the same policy never overlap.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import logging
 import time
@@ -21,6 +22,7 @@ import kopf
 import kubernetes.client
 
 from batchpilot import reconciling, telemetry
+from batchpilot.api import names
 from batchpilot.api.v1alpha1 import specs
 from batchpilot.applying import backoffs, fleets, pod_repositories
 from batchpilot.applying.replicas import Replica
@@ -36,6 +38,10 @@ TRANSITION_MARGIN_SECONDS = 0.05
 # How long a deleted policy's release waits for its loop to stop (kopf cancels it within the
 # daemon's cancellation backoff and timeout, 1 s and 10 s).
 LOOP_END_TIMEOUT_SECONDS = 15.0
+# How long a deleted policy's pass may run on before it is cancelled (kopf's daemons' backoff).
+DELETED_PASS_GRACE_SECONDS = 1.0
+# Deleted policies remembered so that a loop kopf starts after the DELETED event ends at once.
+DELETED_REMEMBERED = 1024
 
 
 @dataclass(frozen=True)
@@ -122,6 +128,11 @@ class Controller:
     pods_seen: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     loops: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
     """Per policy whose loop runs, an event set when it has stopped."""
+    passes: dict[tuple[str, str], asyncio.Future[Any]] = field(default_factory=dict)
+    """Per policy whose loop runs, its pass in progress: a deleted policy's is cancelled."""
+    deleted: dict[str, None] = field(default_factory=dict)
+    """The uids of policies whose DELETED event came, oldest first: their loops end. No
+    finalizer holds a policy back for kopf to stop its loop (see `handlers`)."""
     governors_index: Mapping[str | None, Iterable[GovernorEntry]] | None = None
     """kopf's index of every policy by namespace (`handlers.governors_by_namespace`), live."""
     pods: kube_pods.Pods | None = None
@@ -130,9 +141,22 @@ class Controller:
     """The client of the operator's own requests, closed with it."""
 
     async def close(self) -> None:
+        # A deleted policy's loop is no longer kopf's to stop before its cleanup (no finalizer
+        # kept the policy): its pass ends, or is cancelled, before the clients it uses close.
+        await self._loops_ended(DELETED_PASS_GRACE_SECONDS)
+        for running in list(self.passes.values()):
+            running.cancel()
+        await self._loops_ended(LOOP_END_TIMEOUT_SECONDS)
         await self.reconciler.fleet.close()
         if self.kube is not None:
             self.kube.close()
+
+    async def _loops_ended(self, seconds: float) -> None:
+        endings = [ended.wait() for ended in self.loops.values()]
+        if endings:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(seconds):
+                    await asyncio.gather(*endings)
 
     def attach_pods(self, index: kube_pods.PodIndex) -> None:
         """Hand kopf's live index of Pods to the reader; kopf fills it before any handler."""
@@ -173,12 +197,22 @@ class Controller:
         # the write, and a pass poked at once (a Pod turning Ready at the end of a rollout)
         # would otherwise start from the status before it and write that back.
         written: Mapping[str, Any] | None = None
+        uid = str((body.get("metadata") or {}).get("uid") or "")
         ended = self.loops[(namespace, name)] = asyncio.Event()
         try:
-            while not stopped:
+            while not stopped and uid not in self.deleted:
                 wakeup.clear()
                 known = written if written is not None else (body.get("status") or {})
-                delay, written = await self._once(namespace, name, body, known, state, failing)
+                current = self.passes[(namespace, name)] = asyncio.ensure_future(
+                    self._once(namespace, name, body, known, state, failing)
+                )
+                try:
+                    delay, written = await current
+                except asyncio.CancelledError:
+                    task = asyncio.current_task()
+                    if current.cancelled() and task is not None and not task.cancelling():
+                        break  # the policy was deleted mid-pass (policy_deleted)
+                    raise
                 sleeper = asyncio.ensure_future(wakeup.wait())
                 waiter = asyncio.ensure_future(stopped.wait())
                 await asyncio.wait(
@@ -192,12 +226,32 @@ class Controller:
             await state.close_source()
             if self.loops.get((namespace, name)) is ended:
                 del self.loops[(namespace, name)]
+                self.passes.pop((namespace, name), None)
+            self.deleted.pop(uid, None)
             ended.set()
 
-    async def policy_deleted(self, *, namespace: str, name: str, spec: Mapping[str, Any]) -> None:
-        """Once the policy's loop has stopped (a rollout it was running is cancelled with it),
-        open every gate it left False: no later pass will."""
+    async def policy_deleted(
+        self, *, namespace: str, name: str, spec: Mapping[str, Any], uid: str | None = None
+    ) -> None:
+        """End the policy's loop (a rollout it was running is cancelled with it); once it has
+        stopped, open every gate it left False: no later pass will."""
+        if uid is not None:
+            self.deleted[uid] = None
+            while len(self.deleted) > DELETED_REMEMBERED:
+                del self.deleted[next(iter(self.deleted))]
+            if (namespace, name) in self.wakeups:  # a loop waits: wake it to see the deletion
+                self.poke(namespace, name)
         ended = self.loops.get((namespace, name))
+        if ended is not None and uid is not None:
+            # A rollout in progress is cancelled, as kopf cancels a stopped daemon: the gates it
+            # closed are opened below.
+            try:
+                async with asyncio.timeout(DELETED_PASS_GRACE_SECONDS):
+                    await ended.wait()
+            except TimeoutError:
+                running = self.passes.get((namespace, name))
+                if running is not None:
+                    running.cancel()
         if ended is not None:
             try:
                 async with asyncio.timeout(LOOP_END_TIMEOUT_SECONDS):
@@ -310,6 +364,63 @@ class Controller:
         for policy, selector in index.get(namespace, []):
             if governing.selects(selector, labels):
                 self.poke(namespace, policy)
+
+    async def open_if_ungoverned(
+        self,
+        *,
+        namespace: str,
+        pod: Mapping[str, Any],
+        index: kopf.Index[str | None, tuple[str, dict[str, Any]]],
+    ) -> None:
+        """A Pod whose gate batchpilot holds False and that no policy of its namespace selects:
+        its policy was deleted while no operator ran (no finalizer waits for one, see
+        `handlers`). Seen when the operator lists the Pods as it starts, or when the Pod
+        changes: open its gate."""
+        selectors = [selector for _, selector in index.get(namespace, [])]
+        if self.pods is None or not kube_pods.closed_and_ungoverned([pod], selectors):
+            return
+        name = pod["metadata"]["name"]
+        try:
+            await self.pods.set_gate(
+                namespace,
+                name,
+                applied=True,
+                reason="NotGoverned",
+                message="no batchpilot policy selects this Pod any more; it serves the "
+                "configuration it runs",
+            )
+        except client.KubeError as error:
+            logger.warning("%s/%s: opening the gate failed: %s", namespace, name, error)
+            return
+        logger.info("%s/%s: readiness gate opened (no policy selects it)", namespace, name)
+
+    async def pod_left(self, *, namespace: str, pod: Mapping[str, Any]) -> None:
+        """A Pod left the watch. If it was relabelled out of it (names.GOVERNED_LABEL taken off)
+        while batchpilot held its gate False, nothing would ever see it again to open the gate:
+        open it now. A deleted Pod still carries its labels, and is left alone."""
+        name = (pod.get("metadata") or {}).get("name")
+        if name is None or not kube_pods.left_closed(pod) or self.pods is None:
+            return
+        try:
+            await self.pods.set_gate(
+                namespace,
+                name,
+                applied=True,
+                reason="NotGoverned",
+                message=f"the Pod no longer carries {names.GOVERNED_SELECTOR}; it serves the "
+                "configuration it runs",
+            )
+        except client.KubeError as error:
+            logger.warning(
+                "%s/%s: opening the gate of a Pod that left failed: %s", namespace, name, error
+            )
+            return
+        logger.info(
+            "%s/%s: readiness gate opened (label %s taken off)",
+            namespace,
+            name,
+            names.GOVERNED_LABEL,
+        )
 
 
 def pod_snapshot(pod: Mapping[str, Any]) -> dict[str, Any]:

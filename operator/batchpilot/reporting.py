@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import pydantic
 
-from batchpilot.api import durations
+from batchpilot.api import durations, names
 from batchpilot.api.v1alpha1 import specs, statuses
 from batchpilot.applying import canaries, rollouts
 from batchpilot.applying.replicas import Replica
@@ -234,7 +234,10 @@ def ready(findings: Findings, counts: statuses.TargetCounts) -> Wanted:
     if counts.total == 0 and findings.contested:
         return False, "NoTargets", "every Pod it selects is governed by an older policy"
     if counts.total == 0:
-        message = "no Running Pod with an IP matches spec.target.selector"
+        message = (
+            f"no Running Pod with an IP and the label {names.GOVERNED_SELECTOR} matches "
+            "spec.target.selector"
+        )
         if findings.skipped:
             message += f" ({'; '.join(findings.skipped)})"
         return False, "NoTargets", message

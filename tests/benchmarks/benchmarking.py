@@ -618,8 +618,8 @@ def operator_cluster(out_dir: Path, name: str) -> Iterator[tuple[Kube, Path]]:
 def namespace(kube: Kube, prefix: str) -> Iterator[str]:
     """A fresh namespace (`batchpilot_testbed.namespaces`), more patient than a test's: a
     benchmark's fleet is
-    larger. Delete BatchPolicies before its end, while an operator still runs to remove its
-    finalizer."""
+    larger. Delete BatchPolicies before its end, while an operator still runs: a `--baseline`
+    from before batchpilot dropped kopf's finalizer must remove it."""
     from batchpilot_testbed import namespaces
 
     with namespaces.created(
@@ -632,8 +632,8 @@ def namespace(kube: Kube, prefix: str) -> Iterator[str]:
 
 
 def delete_policies(kube: Kube, namespace: str, *, timeout: float = 120.0) -> None:
-    """Delete a namespace's BatchPolicies and wait until they are gone: the operator must still
-    run, to remove its finalizer."""
+    """Delete a namespace's BatchPolicies and wait until they are gone (an operator from before
+    batchpilot dropped kopf's finalizer must still run, to remove it)."""
     import kubernetes.client
 
     from batchpilot_testbed import waiting

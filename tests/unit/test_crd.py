@@ -14,7 +14,7 @@ import pytest
 import yaml
 from crd_checks import admission_errors, cel_errors, spec_schema
 
-from batchpilot.api import crds, documents
+from batchpilot.api import crds, documents, names
 from builders import BASE_SPEC, market_hours
 
 REPO = Path(__file__).resolve().parents[2]
@@ -151,3 +151,15 @@ def test_llm_objectives_alone_are_an_slo_and_the_cel_rules_agree() -> None:
         40,
         None,
     )
+
+
+def test_the_crd_carries_the_revision_of_its_own_spec() -> None:
+    """The chart refuses to run over an installed CRD whose revision differs (helm never
+    upgrades crds/): any change of the spec, a field's description included, changes it."""
+    crd = crds.render()
+    annotated = crd["metadata"]["annotations"][names.CRD_REVISION_ANNOTATION]
+    assert annotated == crds.revision(crd["spec"])
+    assert len(annotated) == 16
+    changed = copy.deepcopy(crd["spec"])
+    changed["versions"][0]["schema"]["openAPIV3Schema"]["description"] = "another release"
+    assert crds.revision(changed) != annotated

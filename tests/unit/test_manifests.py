@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from batchpilot.api import documents
+from batchpilot.api import documents, names
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "manifests"
@@ -172,9 +172,11 @@ def test_triton_example_is_governable() -> None:
     ]
     assert sidecar["securityContext"]["readOnlyRootFilesystem"] is True
     assert sidecar["securityContext"]["runAsNonRoot"] is True
-    # The sample policies select these Pods by the label the Deployment gives them.
+    # The sample policies select these Pods by the label the Deployment gives them, among the
+    # Pods that carry the opt-in label the operator's watch selects.
     assert deployment["spec"]["template"]["metadata"]["labels"] == {
-        "app.kubernetes.io/name": "triton"
+        "app.kubernetes.io/name": "triton",
+        names.GOVERNED_LABEL: names.GOVERNED_VALUE,
     }
     (service,) = kinds["Service"]
     assert service["spec"]["selector"] == {"app.kubernetes.io/name": "triton"}

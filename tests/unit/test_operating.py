@@ -11,8 +11,10 @@ import kopf
 import kubernetes.client
 import operator_fakes
 import pytest
+from kopf._cogs.structs import references as kopf_references
 
 from batchpilot import handlers, operating, reconciling, reporting, telemetry
+from batchpilot.api import names
 from batchpilot.api.v1alpha1 import specs
 from batchpilot.applying import fleets
 from batchpilot.applying.replicas import Replica
@@ -445,7 +447,7 @@ def test_every_handler_kopf_calls_per_event_is_a_coroutine() -> None:
         if hasattr(function, "__module__")
         and getattr(function, "__module__", None) == handlers.__name__
         and callable(function)
-        and name not in {"controller_of", "login", "run"}
+        and name not in {"controller_of", "login", "run", "_without_finalizers"}
         and not asyncio.iscoroutinefunction(function)
     ]
     assert plain == []
@@ -494,3 +496,126 @@ async def test_a_pod_relabelled_while_its_gate_was_closed_is_reopened() -> None:
     subject.governors_index = {"ns": [("fleet", "", {"matchLabels": {"app": "triton"}})]}
     await run_for(subject, 1)
     assert pods.opened == [("ns", "relabelled", "NotGoverned")]
+
+
+async def test_a_pod_whose_opt_in_label_is_taken_off_while_its_gate_is_closed_is_reopened() -> None:
+    """The watch selects Pods by the opt-in label on the server: a Pod relabelled out of it
+    leaves the watch (a DELETED event) and no pass would see it again, so its gate is opened
+    as it leaves. A Pod deleted for real, or one whose gate is open, is left alone."""
+    governed = {names.GOVERNED_LABEL: names.GOVERNED_VALUE, "app": "triton"}
+    pods = GatePods({"ns": []})
+    subject = dataclasses.replace(controller(ScriptedReconciler(), Recorder()), pods=pods)
+    await subject.pod_left(namespace="ns", pod=gated_pod("opted-out", {"app": "triton"}, "False"))
+    await subject.pod_left(namespace="ns", pod=gated_pod("deleted", governed, "False"))
+    await subject.pod_left(namespace="ns", pod=gated_pod("open", {"app": "triton"}, "True"))
+    terminating = gated_pod("terminating", {"app": "triton"}, "False")
+    terminating["metadata"]["deletionTimestamp"] = "2026-11-27T22:00:00Z"
+    await subject.pod_left(namespace="ns", pod=terminating)
+    assert pods.opened == [("ns", "opted-out", "NotGoverned")]
+
+
+async def test_the_operator_watches_only_pods_with_the_opt_in_label() -> None:
+    """The label selector goes to the API server with every LIST and WATCH of Pods (kopf's
+    watching settings), and to no other resource's."""
+    settings = kopf.OperatorSettings()
+    subject = controller(ScriptedReconciler(), Recorder())
+    await handlers.configure(settings=settings, memo={"controller": subject})
+    pods = kopf_references.Resource("", "v1", "pods", namespaced=True)
+    policies = kopf_references.Resource(names.GROUP, "v1alpha1", names.PLURAL, namespaced=True)
+    assert settings.watching.label_selectors.collect(pods) == ["batchpilot.dev/governed=true"]
+    assert settings.watching.label_selectors.collect(policies) == []
+    assert settings.watching.chunk_size == handlers.WATCH_PAGE_SIZE
+
+
+def test_no_handler_makes_kopf_put_a_finalizer_on_a_policy() -> None:
+    """After an uninstall, or while the operator is down, a finalizer would hold every deleted
+    policy, and its namespace, until someone removed it by hand."""
+    registry = kopf.get_default_registry()
+    handlers_of_policies = [
+        handler
+        for kind in (registry._spawning, registry._changing)
+        for handler in kind.get_all_handlers()
+    ]
+    assert any(handler.id == "reconcile" for handler in handlers_of_policies)
+    assert [h.id for h in handlers_of_policies if h.requires_finalizer] == []
+
+
+class SlowPass(ScriptedReconciler):
+    """A pass that takes a minute, as a rollout waiting on a drain does."""
+
+    async def reconcile(self, *, status: dict[str, Any], **kwargs: Any) -> reconciling.Reconciled:
+        outcome = await super().reconcile(status=status, **kwargs)
+        await asyncio.sleep(60)
+        return outcome
+
+
+@pytest.mark.looptime
+async def test_a_deleted_policy_s_loop_ends_on_its_deleted_event_and_then_releases() -> None:
+    """No finalizer lets kopf stop the loop first: the DELETED event ends it, cancelling a pass
+    in progress after a second's grace, and only then are the gates opened."""
+    reconciler = SlowPass()
+    subject = controller(reconciler, Recorder(), interval=30)
+    body = {
+        "spec": spec_document(),
+        "status": {},
+        "metadata": {"generation": 1, "uid": "u-1"},
+    }
+    follow = asyncio.create_task(
+        subject.follow(namespace="ns", name="fleet", body=body, stopped=Stopped())  # type: ignore[arg-type]
+    )
+    await asyncio.sleep(5)
+    await subject.policy_deleted(namespace="ns", name="fleet", spec=spec_document(), uid="u-1")
+    await asyncio.wait_for(follow, timeout=1)
+    assert reconciler.released == [("ns", pytest.approx(6))]
+    assert reconciler.forgotten == [("ns", "fleet")]
+    assert subject.deleted == {}
+    # kopf may start a loop for a policy whose first event it saw was DELETED: it ends at once.
+    subject.deleted["u-2"] = None
+    late = {**body, "metadata": {"generation": 1, "uid": "u-2"}}
+    await asyncio.wait_for(
+        subject.follow(namespace="ns", name="late", body=late, stopped=Stopped()),  # type: ignore[arg-type]
+        timeout=1,
+    )
+    assert len(reconciler.calls) == 1
+
+
+async def test_a_pod_left_closed_by_a_policy_deleted_while_no_operator_ran_is_reopened() -> None:
+    """Without a finalizer the deletion does not wait for an operator: the Pod's gate stays
+    False until the operator, listing the Pods as it starts, finds no policy selecting it."""
+    pods = GatePods({"ns": []})
+    subject = dataclasses.replace(controller(ScriptedReconciler(), Recorder()), pods=pods)
+    index = {"ns": [("fleet", {"matchLabels": {"app": "triton"}})]}
+    for pod in (
+        gated_pod("orphaned", {"app": "moved"}, "False"),
+        gated_pod("switching", {"app": "triton"}, "False"),  # its policy is switching it
+        gated_pod("open", {"app": "moved"}, "True"),
+    ):
+        await subject.open_if_ungoverned(namespace="ns", pod=pod, index=index)  # type: ignore[arg-type]
+    assert pods.opened == [("ns", "orphaned", "NotGoverned")]
+
+
+class ClosingFleet:
+    def __init__(self) -> None:
+        self.closed_at: float | None = None
+
+    async def close(self) -> None:
+        self.closed_at = asyncio.get_running_loop().time()
+
+
+@pytest.mark.looptime
+async def test_closing_ends_the_passes_still_running_before_the_clients_close() -> None:
+    """A deleted policy's loop is no longer kopf's to stop when the operator shuts down: its
+    pass must not use the clients after they closed (seen in bench_scale: `cannot schedule new
+    futures after shutdown`)."""
+    reconciler = SlowPass()
+    fleet = ClosingFleet()
+    reconciler.fleet = fleet  # type: ignore[attr-defined]
+    subject = controller(reconciler, Recorder(), interval=30)
+    body = {"spec": spec_document(), "status": {}, "metadata": {"generation": 1, "uid": "u-1"}}
+    follow = asyncio.create_task(
+        subject.follow(namespace="ns", name="fleet", body=body, stopped=Stopped())  # type: ignore[arg-type]
+    )
+    await asyncio.sleep(5)
+    await subject.close()
+    assert follow.done()
+    assert fleet.closed_at == pytest.approx(6)

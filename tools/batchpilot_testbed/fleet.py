@@ -19,6 +19,7 @@ from typing import Any
 
 from kubernetes import client
 
+from batchpilot.api import names
 from batchpilot.kube import pods
 from batchpilot_cluster import building, controlplane, images, podsandboxes, realnodes
 from batchpilot_harness import local_triton, procfs
@@ -27,6 +28,8 @@ from batchpilot_testbed.kubes import Kube
 from batchpilot_triton import endpoints, modelconfigs
 
 MODEL = "gpu_sim"
+GOVERNED_LABELS = {names.GOVERNED_LABEL: names.GOVERNED_VALUE}
+"""The opt-in label: the operator watches only the Pods that carry it."""
 PROFILES: dict[str, dict[str, Any]] = {
     "interactive": {"maxQueueDelayMicroseconds": 2000, "preferredBatchSizes": [4, 8]},
     "bulk": {"maxQueueDelayMicroseconds": 20000, "preferredBatchSizes": [32, 64]},
@@ -182,13 +185,15 @@ def triton_pod(
     models: Sequence[str] = (MODEL,),
     grpc_max_connection_age_ms: int | None = None,
     repository_secret: str | None = None,
+    governed: bool = True,
 ) -> client.V1Pod:
     """A Triton Pod: the triton container runs manifests/triton-deployment.yaml's command,
     flags and readiness probe in the CPU Triton image (tools/batchpilot_cluster/triton.Dockerfile,
     whose /models
     holds the demo models), beside the sidecar. `grpc_max_connection_age_ms` runs Triton with
     `--grpc-max-connection-age`; `repository_secret` locks its model-repository API to
-    REPOSITORY_HEADER, the value from that Secret's key `token`, as the manifest does."""
+    REPOSITORY_HEADER, the value from that Secret's key `token`, as the manifest does. It carries
+    the opt-in label the operator's watch selects (`governed`), as the manifest's Pods do."""
     triton = client.V1Container(
         name="triton",
         image=placement.triton_image,
@@ -236,7 +241,9 @@ def triton_pod(
     )
     gates = [client.V1PodReadinessGate(condition_type=pods.GATE)] if gated else None
     return client.V1Pod(
-        metadata=client.V1ObjectMeta(name=name, labels=labels),
+        metadata=client.V1ObjectMeta(
+            name=name, labels={**labels, **(GOVERNED_LABELS if governed else {})}
+        ),
         spec=client.V1PodSpec(
             containers=[triton, sidecar],
             readiness_gates=gates,

@@ -92,3 +92,24 @@ lists (the Triton credential a policy names); never list or watch. */}}
   verbs: [get]
 {{- end }}
 {{- end }}
+
+{{/*
+The installed BatchPolicy CRD must be this chart's: helm installs crds/ once and never upgrades
+them, and an operator over an older CRD would write fields the API server prunes. `lookup` finds
+nothing under `helm template` and client-side dry runs, which skip the check.
+*/}}
+{{- define "batchpilot.crdCheck" -}}
+{{- $crds := .Values.crds | default dict }}
+{{- /* nil-safe: helm upgrade --reuse-values from a release before crds.check has no crds */}}
+{{- if or (not (hasKey $crds "check")) $crds.check }}
+{{- $wanted := (.Files.Get "crds/batchpolicy.yaml" | fromYaml).metadata.annotations }}
+{{- $installed := lookup "apiextensions.k8s.io/v1" "CustomResourceDefinition" "" "batchpolicies.batchpilot.dev" }}
+{{- if $installed }}
+{{- $has := (($installed.metadata).annotations | default dict) }}
+{{- $key := "batchpilot.dev/crd-revision" }}
+{{- if ne (get $has $key) (get $wanted $key) }}
+{{- fail (printf "the installed CRD batchpolicies.batchpilot.dev is revision %q, this chart's is %q: apply this release's CRDs first (kubectl apply --server-side --force-conflicts -f crds/), then run helm again; or set crds.check=false" (get $has $key | default "unknown") (get $wanted $key)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}

@@ -8,6 +8,8 @@ each model's cross-field rules attached as CEL.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from typing import Any
 
@@ -84,8 +86,19 @@ def openapi_schema(model: type[specs.Model]) -> dict[str, Any]:
     return structural
 
 
+def revision(crd_spec: dict[str, Any]) -> str:
+    """A digest of the CRD's spec: equal for equal CRDs, whatever the release."""
+    return hashlib.sha256(json.dumps(crd_spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def render() -> dict[str, Any]:
-    """The CustomResourceDefinition as a Kubernetes object."""
+    """The CustomResourceDefinition as a Kubernetes object, with its revision annotated."""
+    crd = _render()
+    crd["metadata"]["annotations"] = {names.CRD_REVISION_ANNOTATION: revision(crd["spec"])}
+    return crd
+
+
+def _render() -> dict[str, Any]:
     spec_schema = openapi_schema(specs.BatchPolicySpec)
     status_schema = openapi_schema(statuses.BatchPolicyStatus)
     return {

@@ -10,10 +10,14 @@ Each replica also carries which run of the container serving Triton its Pod repo
 runtime's container ID): when that changes while the gate is open, Triton restarted with its
 repository's configuration (see `rollouts.mark_restarted`).
 
-The Pods are read from memory, not from the API: kopf watches every Pod the operator serves and
-keeps a trimmed copy of each in an index (`handlers.pods_by_namespace`, filled before any policy's
-loop starts), so a pass costs no request however many policies there are. Only the gate is
-written through the API.
+A Pod opts in with the label `batchpilot.dev/governed: "true"` (`names.GOVERNED_LABEL`): the
+operator's watch of Pods carries it as a server-side label selector, so a cluster's other Pods
+never reach the operator, and a policy's selector picks among the Pods that opted in.
+
+The Pods are read from memory, not from the API: kopf watches every opted-in Pod of the
+namespaces the operator serves and keeps a trimmed copy of each in an index
+(`handlers.pods_by_namespace`, filled before any policy's loop starts), so a pass costs no
+request however many policies there are. Only the gate is written through the API.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import datetime
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from batchpilot.api import names
 from batchpilot.api.v1alpha1 import specs
 from batchpilot.applying.replicas import Replica, ServingContainer
 from batchpilot.kube.client import KubeClient
@@ -85,6 +90,26 @@ def closed_and_ungoverned(
         and not any(
             governing.selects(selector, pod["metadata"].get("labels") or {}) for selector in wanted
         )
+    )
+
+
+def governed(pod: Mapping[str, Any]) -> bool:
+    """The Pod opted in: it carries names.GOVERNED_LABEL with its value, as the watch selects."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return bool(labels.get(names.GOVERNED_LABEL) == names.GOVERNED_VALUE)
+
+
+def left_closed(pod: Mapping[str, Any]) -> bool:
+    """A Pod that opted out (the label taken off) while batchpilot held its gate False."""
+    metadata = pod.get("metadata") or {}
+    return (
+        not governed(pod)
+        and not metadata.get("deletionTimestamp")
+        and any(
+            g.get("conditionType") == GATE
+            for g in (pod.get("spec") or {}).get("readinessGates") or []
+        )
+        and _condition(pod, GATE) == "False"
     )
 
 
