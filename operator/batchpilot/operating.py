@@ -381,14 +381,7 @@ class Controller:
             return
         name = pod["metadata"]["name"]
         try:
-            await self.pods.set_gate(
-                namespace,
-                name,
-                applied=True,
-                reason="NotGoverned",
-                message="no batchpilot policy selects this Pod any more; it serves the "
-                "configuration it runs",
-            )
+            await self.pods.open_gate_of_ungoverned(namespace, name, kube_pods.NO_POLICY_SELECTS)
         except client.KubeError as error:
             logger.warning("%s/%s: opening the gate failed: %s", namespace, name, error)
             return
@@ -402,13 +395,8 @@ class Controller:
         if name is None or not kube_pods.left_closed(pod) or self.pods is None:
             return
         try:
-            await self.pods.set_gate(
-                namespace,
-                name,
-                applied=True,
-                reason="NotGoverned",
-                message=f"the Pod no longer carries {names.GOVERNED_SELECTOR}; it serves the "
-                "configuration it runs",
+            await self.pods.open_gate_of_ungoverned(
+                namespace, name, f"the Pod no longer carries {names.GOVERNED_SELECTOR}"
             )
         except client.KubeError as error:
             logger.warning(

@@ -33,6 +33,7 @@ from batchpilot.kube.client import KubeClient
 from batchpilot.policy import governing
 
 GATE = "batchpilot.dev/config-applied"
+NO_POLICY_SELECTS = "no batchpilot policy selects this Pod any more"
 STRATEGIC_MERGE = "application/strategic-merge-patch+json"
 
 
@@ -223,15 +224,18 @@ class Pods:
             return []
         names = closed_and_ungoverned(self.index.get(namespace) or (), selectors)
         for name in names:
-            await self.set_gate(
-                namespace,
-                name,
-                applied=True,
-                reason="NotGoverned",
-                message="no batchpilot policy selects this Pod any more; it serves the "
-                "configuration it runs",
-            )
+            await self.open_gate_of_ungoverned(namespace, name, NO_POLICY_SELECTS)
         return names
+
+    async def open_gate_of_ungoverned(self, namespace: str, pod: str, why: str) -> None:
+        """Open the gate of a Pod batchpilot no longer governs (`why`): it serves what it runs."""
+        await self.set_gate(
+            namespace,
+            pod,
+            applied=True,
+            reason="NotGoverned",
+            message=f"{why}; it serves the configuration it runs",
+        )
 
     async def set_gate(
         self, namespace: str, pod: str, *, applied: bool, reason: str, message: str
