@@ -184,14 +184,14 @@ numpy2-env: venv
 e2e: venv deps k8s-bins images
 	$(PY) -m pytest e2e --e2e
 
-# Everything CI runs (.ci/run): linters and builds, then two lanes side by side: `pytest tests`
-# and the local benchmarks' short modes; and on one local cluster the e2e suite (the tests that
-# keep to their namespace two at a time, the cluster-wide ones alone) and the cluster
-# benchmarks. The plan is batchpilot_harness.suite (`python -m batchpilot_harness.suite
-# --plan` prints it). Each stage is timed, and so is each test's setup, body and teardown; the
-# end prints the stages' times and the 25 slowest tests with what they wait on, also when a
-# stage fails, so CI's log always says where the time went. `make test
-# SUITE_ARGS=--one-lane-at-a-time` runs the lanes one after the other.
+# Everything CI runs (.ci/run): linters and builds (make -j), then two lanes: `pytest tests` and
+# the local benchmarks' short modes; and on one local cluster the cluster benchmarks and the e2e
+# suite (the `cluster_wide` tests alone). The plan is batchpilot_harness.suite (`python -m
+# batchpilot_harness.suite --plan` prints it). Each stage is timed, and so is each test's setup,
+# body and teardown; the end prints the stages' times and the 25 slowest tests with what they
+# wait on, also when a stage fails, so CI's log always says where the time went.
+# `make test SUITE_ARGS="--side-by-side --e2e-workers 2"` runs the lanes at once and the
+# namespaced e2e tests two at a time: faster, not yet stable (the module's docstring says why).
 SUITE_ARGS ?=
 test: venv
 	$(PY) -m batchpilot_harness.suite $(SUITE_ARGS)

@@ -113,16 +113,17 @@ def test_a_failed_stage_ends_its_lane_but_the_always_stage_runs_and_is_recorded(
 
 
 def test_the_plan_runs_the_cluster_wide_e2e_tests_alone_and_always_stops_the_cluster() -> None:
-    (cluster,) = [lane for lane in suite.LANES if lane.name == "cluster"]
-    names = [stage.name for stage in cluster.stages]
-    assert names[0] == "cluster up"
-    assert names[-1] == "cluster down"
-    assert cluster.stages[-1].always
-    shared, alone = (stage.command for stage in cluster.stages if stage.name.startswith("e2e"))
-    assert "not cluster_wide" in shared
-    assert "-n" in shared
-    assert "cluster_wide" in alone
-    assert "-n" not in alone
+    for workers in (1, 2):
+        (cluster,) = [lane for lane in suite.lanes(e2e_workers=workers) if lane.name == "cluster"]
+        names = [stage.name for stage in cluster.stages]
+        assert names[0] == "cluster up"
+        assert names[-1] == "cluster down"
+        assert cluster.stages[-1].always
+        shared, alone = (stage.command for stage in cluster.stages if stage.name.startswith("e2e"))
+        assert "not cluster_wide" in shared
+        assert ("-n" in shared) == (workers > 1)
+        assert "cluster_wide" in alone
+        assert "-n" not in alone
     # Every test of each suite is in one stage: the markers split, they do not drop.
     benchmarks = [
         stage.command[stage.command.index("-m", stage.command.index("tests/benchmarks")) + 1]
