@@ -127,12 +127,12 @@ def test_the_plan_runs_the_cluster_wide_e2e_tests_alone_and_always_stops_the_clu
     # Every test of each suite is in one stage: the markers split, they do not drop.
     benchmarks = [
         stage.command[stage.command.index("-m", stage.command.index("tests/benchmarks")) + 1]
-        for lane in suite.LANES
+        for lane in suite.lanes()
         for stage in lane.stages
         if "tests/benchmarks" in stage.command
     ]
     assert sorted(benchmarks) == ["benchmark and cluster", "benchmark and not cluster"]
-    stages = [stage for lane in suite.LANES for stage in lane.stages]
+    stages = [stage for lane in suite.lanes() for stage in lane.stages]
     assert [stage.name for stage in stages if suite.LLM_TESTS in stage.command] == ["LLM tests"]
     (tests,) = [stage for stage in stages if stage.name == "tests"]
     assert f"--ignore={suite.LLM_TESTS}" in tests.command, "the LLM tests would run twice"
@@ -147,3 +147,21 @@ def test_the_report_gives_the_wall_clock_when_lanes_overlapped(tmp_path: Path) -
     (wall,) = [line for line in text.splitlines() if "in all" in line]
     assert "(wall clock)" in wall
     assert wall.endswith(" 16.0 min"), wall
+
+
+@pytest.mark.timeout(60)
+def test_a_lane_whose_stage_a_signal_killed_fails_the_suite(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    killed = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    planned = (
+        suite.Lane("local", (suite.Stage("tests", ("true",)),)),
+        suite.Lane("cluster", (suite.Stage("e2e", (sys.executable, "-c", killed)),)),
+    )
+    monkeypatch.setattr(suite, "BEFORE_THE_LANES", ())
+    monkeypatch.setattr(suite, "lanes", lambda **_: planned)
+    out = io.StringIO()
+    # Side by side and one after the other: a negative status (-9) is a failure, not less than 0.
+    assert suite.run(tmp_path / "a", side_by_side=True, out=out) == -9
+    assert suite.run(tmp_path / "b", side_by_side=False, out=out) == -9
+    assert "== e2e: exit -9" in out.getvalue()

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
-import subprocess
 import sys
 import threading
 import time
@@ -68,8 +67,9 @@ BEFORE_THE_LANES = (
 )
 
 LLM_TESTS = "tests/integration/test_llm.py"
-"""The vLLM engine on CPU takes both cores while it runs: these run while the cluster lane runs
-its benchmarks (figures printed, nothing timed asserted), never beside the e2e tests."""
+"""The vLLM engine on CPU takes both cores while it runs: side by side, these run while the
+cluster lane runs its benchmarks (figures printed, nothing timed asserted), not beside the e2e
+tests."""
 
 
 def lanes(*, e2e_workers: int = 1) -> tuple[Lane, ...]:
@@ -105,9 +105,6 @@ def lanes(*, e2e_workers: int = 1) -> tuple[Lane, ...]:
     )
 
 
-LANES = lanes()
-
-
 class _Output:
     """One writer for the lanes' lines, each prefixed with its lane's name."""
 
@@ -126,21 +123,16 @@ class _Output:
 def _run_stage(folder: Path, lane: str, stage: Stage, output: _Output) -> int:
     output.line(lane, f"== {stage.name}: {' '.join(stage.command)}")
     started = time.monotonic()
-    with subprocess.Popen(  # noqa: S603 (commands are this module's constants)
+    status = suite_timings.run_stage(
+        folder,
+        stage.name,
         stage.command,
-        env=suite_timings.stage_environment(folder, stage.name),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        errors="replace",
-    ) as process:
-        assert process.stdout is not None
-        for text in process.stdout:
-            output.line(lane, text)
-    seconds = time.monotonic() - started
-    suite_timings.record_stage(folder, stage.name, seconds, process.returncode, lane=lane)
-    output.line(lane, f"== {stage.name}: exit {process.returncode} after {seconds / 60:.1f} min")
-    return process.returncode
+        lane=lane,
+        each_line=lambda text: output.line(lane, text),
+    )
+    minutes = (time.monotonic() - started) / 60
+    output.line(lane, f"== {stage.name}: exit {status} after {minutes:.1f} min")
+    return status
 
 
 def run_lane(folder: Path, lane: Lane, output: _Output) -> int:
@@ -169,7 +161,8 @@ def run(
         planned = lanes(e2e_workers=e2e_workers)
         with concurrent.futures.ThreadPoolExecutor(len(planned) if side_by_side else 1) as pool:
             statuses = list(pool.map(lambda lane: run_lane(folder, lane, output), planned))
-        status = max(statuses)
+        # The first failure's status: a stage a signal killed has a negative one.
+        status = next((lane_status for lane_status in statuses if lane_status != 0), 0)
     suite_timings.record_suite(folder, time.monotonic() - started)
     print(suite_timings.report(folder), file=out, flush=True)
     return status

@@ -23,7 +23,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -223,13 +223,34 @@ def reset(folder: Path) -> None:
         path.unlink()
 
 
-def run_stage(folder: Path, stage: str, command: Sequence[str]) -> int:
-    """Run one stage of the suite with the plugin's environment; record its wall time."""
+def run_stage(
+    folder: Path,
+    stage: str,
+    command: Sequence[str],
+    *,
+    lane: str | None = None,
+    each_line: Callable[[str], None] | None = None,
+) -> int:
+    """Run one stage of the suite with the plugin's environment; record its wall time. With
+    `each_line`, the command's output (stdout and stderr) goes to it line by line."""
     started = time.monotonic()
-    status = subprocess.run(  # noqa: S603
-        list(command), env=stage_environment(folder, stage), check=False
-    ).returncode
-    record_stage(folder, stage, time.monotonic() - started, status)
+    environment = stage_environment(folder, stage)
+    if each_line is None:
+        status = subprocess.run(list(command), env=environment, check=False).returncode  # noqa: S603
+    else:
+        with subprocess.Popen(  # noqa: S603
+            list(command),
+            env=environment,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+        ) as process:
+            assert process.stdout is not None
+            for text in process.stdout:
+                each_line(text)
+        status = process.returncode
+    record_stage(folder, stage, time.monotonic() - started, status, lane=lane)
     return status
 
 
