@@ -16,14 +16,22 @@ from batchpilot_testbed.operators import OperatorProcess
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("triton_pods")]
 
 CANARY = {"replicas": 1, "analysisSeconds": 15, "minRequests": 100, "maxP95Ratio": 3}
-"""A short window; a latency limit far from what a good change does on a busy machine, and
-far below what the bad one does (a 400 ms queue delay against 25 ms: about 15x)."""
-GOOD_DELAY, BAD_DELAY = 25_000, 400_000
+"""A short window; a latency limit far from what a good change does on a busy machine (up to
+2x measured), and far below what the bad one does."""
+GOOD_DELAY, BAD_DELAY = 25_000, 1_000_000
+BAD_PREFERRED = [128]
+"""The bad change holds every request up to a second: a batch of 128 (gpu_sim's largest) takes
+about 4 s to arrive at 30 requests a second, so a client that a busy machine makes send in
+bursts cannot fill one early (a 400 ms delay with batches of 32 measured only 2x when it did)."""
 
 
-def with_bulk_delay(document: dict[str, Any], delay: int) -> dict[str, Any]:
+def with_bulk_delay(
+    document: dict[str, Any], delay: int, preferred: list[int] | None = None
+) -> dict[str, Any]:
     edited = copy.deepcopy(document)
     edited["spec"]["profiles"]["bulk"]["maxQueueDelayMicroseconds"] = delay
+    if preferred is not None:
+        edited["spec"]["profiles"]["bulk"]["preferredBatchSizes"] = preferred
     return edited
 
 
@@ -49,7 +57,7 @@ def test_a_good_change_is_promoted_and_a_bad_one_rolled_back_and_not_tried_again
     document = fleet.policy(rollout={"maxUnavailable": 1, "canary": CANARY})
     operators.apply_policy(kube, namespace, document)
     waiting.wait_for("bulk everywhere", fleet.everyone_serves(ips, "bulk"), timeout=60)
-    load = clients.PodArrivals(ips, rate=30, seconds=150)
+    load = clients.PodArrivals(ips, rate=30, seconds=280)  # stopped once judged
     time.sleep(6)  # the sidecars' 5-s rate windows fill
 
     good = with_bulk_delay(document, GOOD_DELAY)
@@ -65,7 +73,7 @@ def test_a_good_change_is_promoted_and_a_bad_one_rolled_back_and_not_tried_again
     )
     print(f"\npromoted: {promoted['figures']}")
 
-    operators.apply_policy(kube, namespace, with_bulk_delay(document, BAD_DELAY))
+    operators.apply_policy(kube, namespace, with_bulk_delay(document, BAD_DELAY, BAD_PREFERRED))
     trial = waiting.wait_for(
         "the bad change's canary",
         lambda: (

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import datetime
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -21,12 +22,13 @@ from typing import Any
 import pytest
 from prometheus_client import parser
 
+from batchpilot.applying import rollouts
 from batchpilot_cluster import podnetwork
 from batchpilot_harness import loadgen
 from batchpilot_testbed import balancing, clients, fleet, operators, waiting
 from batchpilot_testbed.kubes import Kube
 from batchpilot_testbed.operators import OperatorProcess
-from batchpilot_triton import endpoints
+from batchpilot_triton import endpoints, responses
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("triton_pods")]
 
@@ -471,9 +473,24 @@ def test_keep_alive_clients_make_the_drain_ineffective_and_it_is_said_and_bounde
     condition = operators.condition(status_of(kube, namespace), "DrainIneffective")
     assert condition["status"] == "True", condition
     assert condition["reason"] == "RequestsKeptArriving"
-    # Each replica: the drain timeout, then a reload (well under 3 s for gpu_sim here).
-    assert rollout <= len(ips) * (drain_timeout + 3), "a drain outlived its timeout"
+    # Each drain, as the operator measured it, waited the whole timeout and no more than its
+    # last look at the queue: the deadline is checked before each poll of the metrics page,
+    # which is bounded by the Triton deadline. (The reloads after it are Triton's, and how
+    # long they take on a loaded machine is the machine's: the rollout's length is printed.)
+    longest = drain_timeout + rollouts.DRAIN_POLL_SECONDS + responses.TRITON_DEADLINE_SECONDS
+    drains = [_drain_of(warning) for warning in warnings]
+    for seconds, verdict in drains:
+        assert verdict == "reloaded after drainTimeoutSeconds", warnings
+        assert drain_timeout <= seconds <= longest, f"a drain of {seconds} s: {warnings}"
     assert failed == 0
+
+
+def _drain_of(warning: str) -> tuple[float, str]:
+    """How long a DrainIneffective event's drain took and how it ended, as the operator wrote
+    them: "... (12 in 5.1s; reloaded after drainTimeoutSeconds)"."""
+    found = re.search(r"\(\S+ in (\d+(?:\.\d+)?)s; ([^)]+)\)", warning)
+    assert found, f"no drain figures in {warning!r}"
+    return float(found.group(1)), found.group(2)
 
 
 @pytest.mark.timeout(90)
