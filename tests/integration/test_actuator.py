@@ -50,7 +50,7 @@ PATIENT_INTERACTIVE = specs.Profile.model_validate(
 
 def stub_processes(server: local_triton.LocalTriton) -> set[int]:
     """The server's Python-backend stubs: a real reload replaces them."""
-    return set(procfs.group_members(server.pid)) - {server.pid}
+    return procfs.children(server.pid)
 
 
 def model_ready(server: local_triton.LocalTriton) -> bool | None:
@@ -122,7 +122,9 @@ async def test_apply_changes_dynamic_batching_and_again_does_no_reload(
     stubs = stub_processes(server)
     again = await apply(server, INTERACTIVE, "interactive")
     assert not again.reloaded
-    assert stub_processes(server) == stubs, "an unchanged profile must not reload the model"
+    # No stub started since (one an earlier reload replaced may still be exiting).
+    assert stubs
+    assert stub_processes(server) <= stubs, "an unchanged profile must not reload the model"
 
     back = await apply(server, BULK, "bulk")
     config = await served(server)

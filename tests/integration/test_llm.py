@@ -160,8 +160,8 @@ async def room_for(server: local_triton.LocalTriton, *, sequences: int) -> int:
 
 
 def stubs(server: local_triton.LocalTriton) -> set[int]:
-    """The Python stubs and engine processes of the server: a reload replaces them."""
-    return set(procfs.group_members(server.pid)) - {server.pid}
+    """The server's Python-backend stubs: a reload replaces them."""
+    return procfs.children(server.pid)
 
 
 def test_the_repository_model_json_is_what_the_engine_was_started_with(
@@ -435,7 +435,9 @@ async def test_engine_settings_the_model_cannot_take_are_refused_before_any_relo
                 engine_arguments=repository_of(llm_server),
             )
         assert await server.model_config(MODEL) == served
-    assert stubs(llm_server) == running
+    # No stub started since: nothing was reloaded (an earlier test's stub may still be exiting).
+    assert running
+    assert stubs(llm_server) <= running
 
 
 async def test_the_runner_applies_a_policy_s_llm_profile_with_the_repository_it_reads(

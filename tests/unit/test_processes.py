@@ -54,3 +54,25 @@ def test_process_that_is_gone_reads_as_none(zombie: int) -> None:
 
 def test_resident_memory_of_this_process_is_megabytes() -> None:
     assert procfs.resident_bytes(os.getpid()) > 1_000_000
+
+
+@pytest.mark.timeout(30)
+def test_children_are_the_processes_it_started_not_their_own() -> None:
+    """A parent that starts a grandchild: the parent's children are the child alone."""
+    sleeper = "import time; time.sleep(30)"
+    script = (
+        "import subprocess, sys, time; "
+        f"subprocess.Popen([sys.executable, '-c', {sleeper!r}]); time.sleep(30)"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not (grandchildren := procfs.children(child.pid)):
+            assert time.monotonic() < deadline, "the grandchild did not start"
+            time.sleep(0.01)
+        assert procfs.children(os.getpid()) >= {child.pid}
+        assert child.pid not in grandchildren
+        assert procfs.children(child.pid).isdisjoint(procfs.children(os.getpid()))
+    finally:
+        os.killpg(child.pid, 9)
+        child.wait()

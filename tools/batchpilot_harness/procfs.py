@@ -74,6 +74,17 @@ def group_members(pgid: int) -> list[int]:
     return [found.pid for found in group(pgid) if found.alive]
 
 
+def children(pid: int) -> set[int]:
+    """The live processes `pid` started itself (not their own children): a Triton server's
+    Python-backend stubs, which a reload replaces, without the short-lived helpers an engine
+    behind a stub starts and ends on its own."""
+    return {
+        child
+        for child in pids()
+        if (found := stat(child)) is not None and found.alive and found.parent == pid
+    }
+
+
 def cpu_seconds(pid: int) -> float:
     found = stat(pid)
     if found is None:
