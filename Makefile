@@ -190,8 +190,8 @@ e2e: venv deps k8s-bins images
 # batchpilot_harness.suite --plan` prints it). Each stage is timed, and so is each test's setup,
 # body and teardown; the end prints the stages' times and the 25 slowest tests with what they
 # wait on, also when a stage fails, so CI's log always says where the time went.
-# `make test SUITE_ARGS="--side-by-side --e2e-workers 2"` runs the lanes at once and the
-# namespaced e2e tests two at a time: faster, not yet stable (the module's docstring says why).
+# The two lanes run side by side and the namespaced e2e tests two at a time; `make test
+# SUITE_ARGS="--one-lane-at-a-time --e2e-workers 1"` runs one thing at a time (slower).
 SUITE_ARGS ?=
 test: venv
 	$(PY) -m batchpilot_harness.suite $(SUITE_ARGS)

@@ -89,16 +89,17 @@ def test_a_test_waits_on_its_longest_phase(phases: dict[str, float], expected: s
 
 
 @pytest.mark.timeout(60)
-def test_a_failed_stage_ends_its_lane_but_the_always_stage_runs_and_is_recorded(
+def test_a_failed_stage_skips_only_the_stages_that_need_it_and_the_lane_fails(
     tmp_path: Path,
 ) -> None:
     lane = suite.Lane(
         "cluster",
         (
-            suite.Stage("up", ("true",)),
-            suite.Stage("e2e", (sys.executable, "-c", "print('ran'); raise SystemExit(3)")),
-            suite.Stage("benchmarks", (sys.executable, "-c", "print('should not run')")),
-            suite.Stage("down", ("true",), always=True),
+            suite.Stage("up", (sys.executable, "-c", "print('ran'); raise SystemExit(3)")),
+            suite.Stage("e2e", (sys.executable, "-c", "print('should not run')"), needs=("up",)),
+            suite.Stage("after e2e", ("true",), needs=("e2e",)),
+            suite.Stage("tests", (sys.executable, "-c", "raise SystemExit(5)")),
+            suite.Stage("down", ("true",)),
         ),
     )
     out = io.StringIO()
@@ -107,9 +108,10 @@ def test_a_failed_stage_ends_its_lane_but_the_always_stage_runs_and_is_recorded(
     text = out.getvalue()
     assert "cluster | ran" in text
     assert "should not run" not in text
-    assert "== benchmarks: not run, an earlier stage failed" in text
+    assert "== e2e: not run, up failed" in text
+    assert "== after e2e: not run, e2e failed" in text
     recorded = [(s.stage, s.status, s.lane) for s in suite_timings.read_stages(tmp_path)]
-    assert recorded == [("up", 0, "cluster"), ("e2e", 3, "cluster"), ("down", 0, "cluster")]
+    assert recorded == [("up", 3, "cluster"), ("tests", 5, "cluster"), ("down", 0, "cluster")]
 
 
 def test_the_plan_runs_the_cluster_wide_e2e_tests_alone_and_always_stops_the_cluster() -> None:
@@ -118,7 +120,8 @@ def test_the_plan_runs_the_cluster_wide_e2e_tests_alone_and_always_stops_the_clu
         names = [stage.name for stage in cluster.stages]
         assert names[0] == "cluster up"
         assert names[-1] == "cluster down"
-        assert cluster.stages[-1].always
+        assert not cluster.stages[-1].needs, "the cluster is stopped whatever failed"
+        assert all(stage.needs == ("cluster up",) for stage in cluster.stages[1:-1])
         shared, alone = (stage.command for stage in cluster.stages if stage.name.startswith("e2e"))
         assert "not cluster_wide" in shared
         assert ("-n" in shared) == (workers > 1)

@@ -1,5 +1,4 @@
-"""`make test`: what the whole suite runs, and in which order; and a faster form that runs it in
-two lanes side by side.
+"""`make test`: what the whole suite runs, and in which order: two lanes side by side.
 
 After the linters and the builds, the suite has two lanes:
 
@@ -12,16 +11,16 @@ After the linters and the builds, the suite has two lanes:
   namespace), with nothing else on the cluster. The cluster is stopped at the end, whatever
   failed.
 
-By default the lanes run one after the other and the e2e tests one at a time: that is what has
-passed on every landing. Most of the suite waits (reloads, rollouts, scrapes, windows), so
-`--side-by-side` runs the two lanes at once and `--e2e-workers 2` runs the namespaced e2e tests
-two at a time on the one cluster (pytest-xdist): about 20 minutes less, but on a quiet 2-core
-machine two e2e tests that judge by timing failed that way (the canary's promotion and rollback,
-the keep-alive drain): they must assert what batchpilot controls before it becomes the default.
+The two lanes run side by side and the namespaced e2e tests two at a time on the one cluster
+(pytest-xdist): most of the suite waits (reloads, rollouts, scrapes, windows), so this takes
+about 20 minutes less than one thing at a time on 2 cores. Its tests assert what batchpilot
+controls, never a figure the machine's load decides, so they hold on a busy machine too.
+`--one-lane-at-a-time` and `--e2e-workers 1` give the slow form.
 
-A stage that fails ends its lane (the other lane goes on, so one run says everything that is
-wrong); the cluster's stop runs anyway. Each stage is timed by `suite_timings`, and the end
-prints where the time went. Each lane's lines are prefixed with its name.
+A stage runs unless a stage it needs failed (the e2e tests need the cluster's start), so one
+run says everything that is wrong; the cluster's stop runs anyway; a failed lint skips the
+rest. Each stage is timed by `suite_timings`, and the end prints where the time went. Each
+lane's lines are prefixed with its name.
 """
 
 from __future__ import annotations
@@ -47,8 +46,9 @@ MAKE = ("make", "--no-print-directory")
 class Stage:
     name: str
     command: tuple[str, ...]
-    always: bool = False
-    """Runs even after an earlier stage of its lane failed (the cluster's stop)."""
+    needs: tuple[str, ...] = ()
+    """The earlier stages of its lane that must have passed for it to run (the e2e tests need
+    the cluster's start); any other failure does not stop it, so one run says all that fails."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +63,7 @@ BEFORE_THE_LANES = (
     Stage("lint", (*MAKE, "lint")),
     # Side by side where their inputs allow (make -j): the Go builds share the cores, the LLM
     # environment and the images mostly wait on downloads and disk.
-    Stage("builds", (*MAKE, "-j", "4", "--output-sync=line", *BUILDS)),
+    Stage("builds", (*MAKE, "-j", "4", "--output-sync=line", *BUILDS), needs=("lint",)),
 )
 
 LLM_TESTS = "tests/integration/test_llm.py"
@@ -72,7 +72,12 @@ cluster lane runs its benchmarks (figures printed, nothing timed asserted), not 
 tests."""
 
 
-def lanes(*, e2e_workers: int = 1) -> tuple[Lane, ...]:
+E2E_WORKERS = 2
+"""The namespaced e2e tests two at a time on the one cluster: most of each waits on rollouts,
+reloads and windows, and both cores are busy with two (three left the tests starved)."""
+
+
+def lanes(*, e2e_workers: int = E2E_WORKERS) -> tuple[Lane, ...]:
     """The two lanes; with `e2e_workers` > 1 the namespaced e2e tests run that many at a time."""
     workers = ("-n", str(e2e_workers), "--dist", "load") if e2e_workers > 1 else ()
     # -v: a line per test as it ends, so the log shows the progress.
@@ -96,10 +101,15 @@ def lanes(*, e2e_workers: int = 1) -> tuple[Lane, ...]:
                 Stage(
                     "cluster benchmarks",
                     (*PYTEST, "tests/benchmarks", "-m", "benchmark and cluster", "-s"),
+                    needs=("cluster up",),
                 ),
-                Stage("e2e", e2e),
-                Stage("e2e alone", (*PYTEST, "e2e", "--e2e", "-m", "cluster_wide", "-v")),
-                Stage("cluster down", (PYTHON, "-m", "batchpilot_cluster", "down"), always=True),
+                Stage("e2e", e2e, needs=("cluster up",)),
+                Stage(
+                    "e2e alone",
+                    (*PYTEST, "e2e", "--e2e", "-m", "cluster_wide", "-v"),
+                    needs=("cluster up",),
+                ),
+                Stage("cluster down", (PYTHON, "-m", "batchpilot_cluster", "down")),
             ),
         ),
     )
@@ -136,12 +146,17 @@ def _run_stage(folder: Path, lane: str, stage: Stage, output: _Output) -> int:
 
 
 def run_lane(folder: Path, lane: Lane, output: _Output) -> int:
+    """Its stages in order, each that its `needs` allow; the first failure's status."""
     status = 0
+    failed: set[str] = set()
     for stage in lane.stages:
-        if status != 0 and not stage.always:
-            output.line(lane.name, f"== {stage.name}: not run, an earlier stage failed")
+        if missing := [need for need in stage.needs if need in failed]:
+            output.line(lane.name, f"== {stage.name}: not run, {', '.join(missing)} failed")
+            failed.add(stage.name)
             continue
         stage_status = _run_stage(folder, lane.name, stage, output)
+        if stage_status != 0:
+            failed.add(stage.name)
         status = status or stage_status
     return status
 
@@ -149,8 +164,8 @@ def run_lane(folder: Path, lane: Lane, output: _Output) -> int:
 def run(
     folder: Path,
     *,
-    side_by_side: bool = False,
-    e2e_workers: int = 1,
+    side_by_side: bool = True,
+    e2e_workers: int = E2E_WORKERS,
     out: TextIO = sys.stdout,
 ) -> int:
     suite_timings.reset(folder)
@@ -168,7 +183,7 @@ def run(
     return status
 
 
-def plan(*, side_by_side: bool = False, e2e_workers: int = 1) -> str:
+def plan(*, side_by_side: bool = True, e2e_workers: int = E2E_WORKERS) -> str:
     """The suite's plan, as `make -n test` cannot show it."""
     lines = [f"first: {stage.name}: {' '.join(stage.command)}" for stage in BEFORE_THE_LANES]
     how = "side by side" if side_by_side else "one after the other"
@@ -183,18 +198,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--folder", type=Path, default=suite_timings.DEFAULT_FOLDER)
     parser.add_argument("--plan", action="store_true", help="print what would run, run nothing")
     parser.add_argument(
-        "--side-by-side",
+        "--one-lane-at-a-time",
         action="store_true",
-        help="run the two lanes at the same time (faster; see this module's docstring)",
+        help="run the lanes one after the other (slower; for a machine with one core)",
     )
     parser.add_argument(
         "--e2e-workers",
         type=int,
-        default=1,
-        help="run the namespaced e2e tests this many at a time on the one cluster (pytest-xdist)",
+        default=E2E_WORKERS,
+        help="run the namespaced e2e tests this many at a time on the one cluster (pytest-xdist;"
+        " 1: one at a time)",
     )
     arguments = parser.parse_args(argv)
-    side_by_side: bool = arguments.side_by_side
+    side_by_side = not arguments.one_lane_at_a_time
     e2e_workers: int = arguments.e2e_workers
     if arguments.plan:
         print(plan(side_by_side=side_by_side, e2e_workers=e2e_workers))
