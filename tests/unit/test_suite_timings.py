@@ -122,6 +122,8 @@ def test_the_plan_runs_the_cluster_wide_e2e_tests_alone_and_always_stops_the_clu
         assert names[-1] == "cluster down"
         assert not cluster.stages[-1].needs, "the cluster is stopped whatever failed"
         assert all(stage.needs == ("cluster up",) for stage in cluster.stages[1:-1])
+        (e2e,) = [stage for stage in cluster.stages if stage.name == "e2e"]
+        assert e2e.after == ("LLM tests",), "vLLM's engines beside the e2e Tritons crash them"
         shared, alone = (stage.command for stage in cluster.stages if stage.name.startswith("e2e"))
         assert "not cluster_wide" in shared
         assert ("-n" in shared) == (workers > 1)
@@ -168,3 +170,23 @@ def test_a_lane_whose_stage_a_signal_killed_fails_the_suite(
     assert suite.run(tmp_path / "a", side_by_side=True, out=out) == -9
     assert suite.run(tmp_path / "b", side_by_side=False, out=out) == -9
     assert "== e2e: exit -9" in out.getvalue()
+
+
+@pytest.mark.timeout(60)
+def test_a_stage_starts_only_after_the_stage_of_the_other_lane_it_comes_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    marker = tmp_path / "engines-done"
+    slow = f"import pathlib, time; time.sleep(1); pathlib.Path({str(marker)!r}).touch()"
+    check = f"import pathlib; raise SystemExit(0 if pathlib.Path({str(marker)!r}).exists() else 7)"
+    planned = (
+        suite.Lane("local", (suite.Stage("engines", (sys.executable, "-c", slow)),)),
+        suite.Lane(
+            "cluster", (suite.Stage("e2e", (sys.executable, "-c", check), after=("engines",)),)
+        ),
+    )
+    monkeypatch.setattr(suite, "BEFORE_THE_LANES", ())
+    monkeypatch.setattr(suite, "lanes", lambda **_: planned)
+    out = io.StringIO()
+    assert suite.run(tmp_path / "timings", side_by_side=True, out=out) == 0
+    assert "== e2e: waits for engines to end" in out.getvalue()

@@ -31,7 +31,7 @@ import dataclasses
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -49,6 +49,9 @@ class Stage:
     needs: tuple[str, ...] = ()
     """The earlier stages of its lane that must have passed for it to run (the e2e tests need
     the cluster's start); any other failure does not stop it, so one run says all that fails."""
+    after: tuple[str, ...] = ()
+    """Stages of an earlier lane that must have ended, passed or not, before it starts: what
+    must not run beside it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +106,9 @@ def lanes(*, e2e_workers: int = E2E_WORKERS) -> tuple[Lane, ...]:
                     (*PYTEST, "tests/benchmarks", "-m", "benchmark and cluster", "-s"),
                     needs=("cluster up",),
                 ),
-                Stage("e2e", e2e, needs=("cluster up",)),
+                # Beside vLLM's engines on the same two cores, Tritons of the e2e tests crashed
+                # in their Python backend during reloads (docs/tutorials/llm-fleet.md).
+                Stage("e2e", e2e, needs=("cluster up",), after=("LLM tests",)),
                 Stage(
                     "e2e alone",
                     (*PYTEST, "e2e", "--e2e", "-m", "cluster_wide", "-v"),
@@ -145,19 +150,30 @@ def _run_stage(folder: Path, lane: str, stage: Stage, output: _Output) -> int:
     return status
 
 
-def run_lane(folder: Path, lane: Lane, output: _Output) -> int:
-    """Its stages in order, each that its `needs` allow; the first failure's status."""
+def run_lane(
+    folder: Path, lane: Lane, output: _Output, ended: Mapping[str, threading.Event] | None = None
+) -> int:
+    """Its stages in order, each that its `needs` allow, each after the stages it comes `after`
+    have ended (`ended`: every planned stage's, set when it ends); the first failure's status."""
+    ended = ended or {}
     status = 0
     failed: set[str] = set()
     for stage in lane.stages:
+        waited = [name for name in stage.after if name in ended and not ended[name].is_set()]
+        if waited:
+            output.line(lane.name, f"== {stage.name}: waits for {', '.join(waited)} to end")
+            for name in waited:
+                ended[name].wait()
         if missing := [need for need in stage.needs if need in failed]:
             output.line(lane.name, f"== {stage.name}: not run, {', '.join(missing)} failed")
             failed.add(stage.name)
-            continue
-        stage_status = _run_stage(folder, lane.name, stage, output)
-        if stage_status != 0:
-            failed.add(stage.name)
-        status = status or stage_status
+        else:
+            stage_status = _run_stage(folder, lane.name, stage, output)
+            if stage_status != 0:
+                failed.add(stage.name)
+            status = status or stage_status
+        if stage.name in ended:
+            ended[stage.name].set()
     return status
 
 
@@ -174,8 +190,9 @@ def run(
     status = run_lane(folder, Lane("first", BEFORE_THE_LANES), output)
     if status == 0:
         planned = lanes(e2e_workers=e2e_workers)
+        ended = {stage.name: threading.Event() for lane in planned for stage in lane.stages}
         with concurrent.futures.ThreadPoolExecutor(len(planned) if side_by_side else 1) as pool:
-            statuses = list(pool.map(lambda lane: run_lane(folder, lane, output), planned))
+            statuses = list(pool.map(lambda lane: run_lane(folder, lane, output, ended), planned))
         # The first failure's status: a stage a signal killed has a negative one.
         status = next((lane_status for lane_status in statuses if lane_status != 0), 0)
     suite_timings.record_suite(folder, time.monotonic() - started)
@@ -189,7 +206,11 @@ def plan(*, side_by_side: bool = True, e2e_workers: int = E2E_WORKERS) -> str:
     how = "side by side" if side_by_side else "one after the other"
     for lane in lanes(e2e_workers=e2e_workers):
         lines.append(f"{how}, lane {lane.name}:")
-        lines += [f"  {stage.name}: {' '.join(stage.command)}" for stage in lane.stages]
+        lines += [
+            f"  {stage.name}: {' '.join(stage.command)}"
+            + (f" (after {', '.join(stage.after)})" if stage.after else "")
+            for stage in lane.stages
+        ]
     return "\n".join(lines)
 
 
