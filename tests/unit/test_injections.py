@@ -52,8 +52,9 @@ def users_pod(flags: str = "restricted-api") -> dict[str, Any]:
 
 
 def container(pod: dict[str, Any], name: str) -> dict[str, Any]:
-    (found,) = [c for c in pod["spec"]["containers"] if c["name"] == name]
-    return found
+    found: list[dict[str, Any]] = [c for c in pod["spec"]["containers"] if c["name"] == name]
+    (only,) = found
+    return only
 
 
 def test_a_users_triton_pod_gets_what_the_example_deployment_wires_by_hand() -> None:
