@@ -256,3 +256,11 @@ def test_without_the_webhook_nothing_of_it_is_rendered() -> None:
     documents = render("webhook.enabled=false")
     assert of_kind(documents, "MutatingWebhookConfiguration") == []
     assert not any("webhook" in argument for argument in operator_container(documents)["args"])
+
+
+@pytest.mark.timeout(60)
+def test_an_upgrade_that_reuses_values_without_the_webhook_s_keys_renders_without_it() -> None:
+    # `helm upgrade --reuse-values` from a chart before the webhook: no webhook, no sidecar key.
+    documents = render("webhook=null", "sidecar=null")
+    assert of_kind(documents, "MutatingWebhookConfiguration") == []
+    assert of_kind(documents, "Deployment")

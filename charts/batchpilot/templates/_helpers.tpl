@@ -137,3 +137,10 @@ nothing under `helm template` and client-side dry runs, which skip the check.
 {{- $source }}
 {{- end }}
 {{- end }}
+
+{{/* Whether to serve the webhook: "true" or "". An upgrade with --reuse-values from a chart
+without it keeps the old values, which have no webhook or sidecar keys: it stays off then
+(--reset-then-reuse-values takes this chart's defaults). */}}
+{{- define "batchpilot.webhookEnabled" -}}
+{{- if and (dig "webhook" "enabled" false .Values.AsMap) (dig "sidecar" "image" "repository" "" .Values.AsMap) }}true{{ end }}
+{{- end }}
