@@ -204,7 +204,8 @@ def joining(
 def test_an_unmodified_deployment_labelled_after_install_is_injected_and_switched_hitlessly(
     joining: Joining, kube: Kube, namespace: str, client_host: podnetwork.Host
 ) -> None:
-    # A Deployment that knows nothing of batchpilot serves as it is.
+    # A Deployment that knows nothing of batchpilot serves as it is, behind its Service.
+    cluster_ip = fleet.create_service(kube, namespace, selector=APP)
     joining.deploy(replicas=2, opted_in=False)
     before = waiting.wait_for("2 plain Triton Pods Ready", lambda: joining.ready(2), timeout=90)
     assert not any(is_injected(pod) for pod in before.values())
@@ -227,7 +228,6 @@ def test_an_unmodified_deployment_labelled_after_install_is_injected_and_switche
         assert condition(pod, pods.GATE) == "True"
         assert repository_locked(pod.status.pod_ip)
     waiting.wait_for("bulk everywhere", fleet.everyone_serves(ips, "bulk"), timeout=60)
-    cluster_ip = fleet.create_service(kube, namespace, selector=APP)
     waiting.wait_for(
         "both Pods behind the Service",
         lambda: fleet.ready_endpoints(kube, namespace, "triton") == set(ips.values()),
