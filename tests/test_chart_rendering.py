@@ -6,10 +6,13 @@ Needs helm, from `make k8s-bins`, like tests/test_generated.py."""
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import pytest
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from batchpilot_testbed import charts
 
@@ -264,3 +267,25 @@ def test_an_upgrade_that_reuses_values_without_the_webhook_s_keys_renders_withou
     documents = render("webhook=null", "sidecar=null")
     assert of_kind(documents, "MutatingWebhookConfiguration") == []
     assert of_kind(documents, "Deployment")
+
+
+@pytest.mark.timeout(60)
+def test_the_chart_s_own_certificate_serves_the_webhook_s_service_name() -> None:
+    documents = render()
+    (configuration,) = of_kind(documents, "MutatingWebhookConfiguration")
+    service = configuration["webhooks"][0]["clientConfig"]["service"]
+    (secret,) = [
+        s for s in of_kind(documents, "Secret") if s["metadata"]["name"] == service["name"]
+    ]
+    pem = {key: base64.b64decode(value) for key, value in secret["data"].items()}
+    ca = x509.load_pem_x509_certificate(pem["ca.crt"])
+    served = x509.load_pem_x509_certificate(pem["tls.crt"])
+    served.verify_directly_issued_by(ca)
+    names = served.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    host = f"{service['name']}.{service['namespace']}.svc"
+    assert host in names.get_values_for_type(x509.DNSName)
+    key = serialization.load_pem_private_key(pem["tls.key"], password=None)
+    assert key.public_key().public_numbers() == served.public_key().public_numbers()  # type: ignore[union-attr]
+    assert (
+        base64.b64decode(configuration["webhooks"][0]["clientConfig"]["caBundle"]) == pem["ca.crt"]
+    )
