@@ -15,16 +15,19 @@ from batchpilot_testbed.operators import OperatorProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("triton_pods")]
 
-CANARY = {"replicas": 1, "analysisSeconds": 15, "minRequests": 100, "maxP95Ratio": 3}
-"""A short window; a latency limit far from what a good change does on a busy machine (up to
-2x measured), and far below what the bad one does."""
-GOOD_DELAY, BAD_DELAY = 25_000, 3_000_000
+CANARY = {"replicas": 1, "analysisSeconds": 20, "minRequests": 100, "maxP95Ratio": 5}
+"""A short window; a latency limit far from what a good change does on a busy machine (25 ms
+against 20 ms measured up to 2x there: at tens of milliseconds the machine's noise is most of
+the p95), and far below what the bad one does."""
+GOOD_DELAY, BAD_DELAY = 25_000, 2_000_000
 BAD_PREFERRED = [128]
-"""The bad change holds every request about 3 s: a batch of 128 (gpu_sim's largest) takes over
+"""The bad change holds every request about 2 s: a batch of 128 (gpu_sim's largest) takes over
 4 s to arrive at 30 requests a second, so a client that a busy machine makes send in bursts
-cannot fill one early, and the others' p95 would have to pass 1 s for it to measure under 3x.
-(A 400 ms delay with batches of 32 measured 2x on a busy machine, and 1 s with 128 measured
-1.5x beside vLLM's engines, whose run the e2e stage now waits for.)"""
+cannot fill one early, and the others' p95 would have to pass 400 ms for it to measure under
+5x. Not longer: a request the canary holds when the window ends is not counted yet, and past a
+quarter of its share the rest counts as refused (3 s in a 15-s window was judged a failure
+rate; 400 ms with batches of 32 measured 2x on a busy machine, 1 s with 128 only 1.5x beside
+vLLM's engines, whose run the e2e stage now waits for)."""
 
 
 def with_bulk_delay(
@@ -179,7 +182,7 @@ def test_a_scheduled_first_switch_into_bulk_is_promoted_and_in_force(
 REFUSING = {"maxQueueDelayMicroseconds": 50_000, "queuePolicy": {"maxQueueSize": 1}}
 """One request queued at a time while it waits 50 ms for a batch: at 30 requests per second per
 Pod, about half the arrivals find it taken and get a 503 that Triton counts nowhere. Its p95
-stays within CANARY's 3x of the others', so only its refusals can fail it."""
+stays within CANARY's 5x of the others', so only its refusals can fail it."""
 
 
 def max_queue_size(ip: str) -> int | None:
