@@ -136,7 +136,7 @@ class TritonServer:
         """Liveness checks missed in a row after which a load or unload is given up."""
         self.repository_headers: dict[str, str] = dict(repository_headers or {})
         """Sent on every model-repository call (index, load, unload): the credential of a
-        Triton started with --http-restricted-api=model-repository,<header>=<value>."""
+        Triton started with --http-restricted-api=model-repository:<header>=<value>."""
         self._session: aiohttp.ClientSession | None = None
         self._confirmed_triton = False
         """Whether this session's server said it is Triton's HTTP API (`_confirm_triton`)."""

@@ -334,8 +334,8 @@ REPOSITORY_HEADER_PATTERN = r"^(batchpilot|triton)-[a-z0-9]([-a-z0-9]*[a-z0-9])?
 
 class RepositoryCredential(Model):
     """The credential of a Triton whose model-repository API is restricted
-    (`--http-restricted-api=model-repository,<header>=<value>` and
-    `--grpc-restricted-protocol=model-repository,<header>=<value>`): a header the operator sends
+    (`--http-restricted-api=model-repository:<header>=<value>` and
+    `--grpc-restricted-protocol=model-repository:<header>=<value>`): a header the operator sends
     on every repository call (index, load, unload), its value read from a Secret in the
     policy's own namespace."""
 
