@@ -15,9 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from batchpilot import telemetry
 from batchpilot_cluster import controlplane, podnetwork, podsandboxes
 from batchpilot_harness import loadgen, local_prometheus
 from batchpilot_testbed import clients, fleet, operators, waiting
@@ -381,18 +379,6 @@ def test_a_silent_signal_source_hands_the_decision_back_after_the_grace_period_a
     assert failures(records) == []
 
 
-def decisions_made(operator: OperatorProcess) -> float:
-    """How many reconciles the operator has made: one decision each."""
-    families = text_string_to_metric_families(operator.metrics())
-    return sum(
-        sample.value
-        for family in families
-        if family.name == telemetry.DECISIONS.removesuffix("_total")
-        for sample in family.samples
-        if sample.name == telemetry.DECISIONS
-    )
-
-
 @pytest.mark.timeout(240)
 @pytest.mark.cluster_wide  # stops the API server or etcd under every namespace
 @pytest.mark.parametrize("component", ["kube-apiserver", "etcd"])
@@ -416,7 +402,7 @@ def test_after_a_control_plane_restart_watches_resume_and_the_next_boundary_is_m
     waiting.wait_for("bulk everywhere", fleet.everyone_serves(ips, "bulk"), timeout=60)
     waiting.wait_for("every gate True", all_gates_open(kube, namespace, ips), timeout=30)
     with clients.load_on_each(client_host, ips, rate=20) as loads:
-        before = decisions_made(operator)
+        before = operator.decisions_made()
         unavailable = controlplane.restart(local_cluster, component, down_seconds=5)
         restarted_at = time.monotonic()
         until = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
@@ -434,7 +420,7 @@ def test_after_a_control_plane_restart_watches_resume_and_the_next_boundary_is_m
             "bulk once the override expired", fleet.everyone_serves(ips, "bulk"), timeout=30
         )
         late = (datetime.datetime.now(datetime.UTC) - until).total_seconds()
-        reconciles = decisions_made(operator) - before
+        reconciles = operator.decisions_made() - before
         elapsed = time.monotonic() - restarted_at + unavailable
         waiting.wait_for("every gate True", all_gates_open(kube, namespace, ips), timeout=30)
     failed = {pod: failures(loads.records[pod]) for pod in ips}

@@ -23,9 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
-from batchpilot import telemetry
 from batchpilot.admission import injections
 from batchpilot.api import names
 from batchpilot.kube import pods
@@ -163,18 +161,6 @@ def check_injected(pod: Any) -> None:
     assert pod.metadata.annotations[names.INJECTED_ANNOTATION]
 
 
-def decisions_made(operator: OperatorProcess) -> float:
-    """How many reconciles the operator has made: one decision each."""
-    families = text_string_to_metric_families(operator.metrics())
-    return sum(
-        sample.value
-        for family in families
-        if family.name == telemetry.DECISIONS.removesuffix("_total")
-        for sample in family.samples
-        if sample.name == telemetry.DECISIONS
-    )
-
-
 def repository_locked(ip: str) -> bool:
     """Triton refuses its repository index without the operator's header."""
     request = urllib.request.Request(f"{fleet.triton_url(ip)}/v2/repository/index", method="POST")
@@ -300,7 +286,7 @@ def test_a_pod_created_while_the_webhook_is_down_serves_ungoverned_until_replace
 
     # Back up: the operator governs the Pod it injected and leaves the other one alone.
     operator = joining.start_operator()
-    waiting.wait_for("two passes of the policy", lambda: decisions_made(operator) >= 2, timeout=30)
+    waiting.wait_for("two passes of the policy", lambda: operator.decisions_made() >= 2, timeout=30)
     assert (operators.policy_status(kube, namespace, "triton").get("targets") or {})["total"] == 1
     assert fleet.served_profile(first_ip) == "bulk"
     assert fleet.served_profile(late_ip) is None  # the repository's own configuration

@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
+from batchpilot import telemetry
 from batchpilot_cluster import audit
 from batchpilot_harness import local_triton
 from batchpilot_testbed.kubes import Kube
@@ -145,6 +147,17 @@ class OperatorProcess:
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         with urllib.request.urlopen(url, timeout=5) as response:
             return str(response.read().decode())
+
+    def decisions_made(self) -> float:
+        """How many reconciles the operator has made: one decision each."""
+        families = text_string_to_metric_families(self.metrics())
+        return sum(
+            sample.value
+            for family in families
+            if family.name == telemetry.DECISIONS.removesuffix("_total")
+            for sample in family.samples
+            if sample.name == telemetry.DECISIONS
+        )
 
     def kill(self) -> None:
         """SIGKILL, as an OOM kill or a node loss would: no chance to clean up."""
