@@ -143,10 +143,10 @@ async def test_longer_queue_delay_makes_fewer_larger_batches_on_the_shared_devic
     assert eager.device_seconds_per_1000_inferences is not None
     assert patient.device_seconds_per_1000_inferences is not None
     # Measured here: about 4 against 17 inferences per batch, 97% against 30% device-busy.
-    # Per inference: how many requests a client on a busy machine manages to send in each
-    # phase is the machine's (1,717 against 2,676 once), and totals would compare those.
+    # Per inference, not in totals: how many requests a client on a busy machine manages to
+    # send in each phase is the machine's (1,717 against 2,676 once). Half the executions per
+    # inference is the same claim as twice the inferences per execution, checked here.
     assert patient.average_batch_size > 2 * eager.average_batch_size
-    assert patient.executions / patient.inferences < eager.executions / eager.inferences / 2
     assert (
         patient.device_seconds_per_1000_inferences < 0.6 * eager.device_seconds_per_1000_inferences
     )
