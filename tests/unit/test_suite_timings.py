@@ -59,7 +59,10 @@ def test_a_stage_records_every_test_and_the_report_counts_them(tmp_path: Path) -
     assert "  sample " in text
     assert "(exit 1)" in text
     assert "The 3 slowest of 3 tests" in text
-    assert text.splitlines()[-1] == "suite: 1 passed, 1 failed, 1 skipped"
+    *_, counts, failed = text.splitlines()
+    assert counts == "suite: 1 passed, 1 failed, 1 skipped"
+    assert failed.startswith("  failed: sample")
+    assert failed.endswith("test_sample.py::test_fails"), "the last line names what failed"
 
 
 def test_without_the_folder_the_plugin_writes_nothing(tmp_path: Path) -> None:

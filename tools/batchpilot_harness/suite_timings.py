@@ -193,6 +193,9 @@ def report(folder: Path, *, slowest: int = SLOWEST) -> str:
         f"suite: {outcomes.count('passed')} passed, {outcomes.count('failed')} failed, "
         f"{outcomes.count('skipped')} skipped",
     ]
+    # Last, so that a CI log's tail names what failed, not only how many.
+    failures = [test for test in tests if test.outcome == "failed"]
+    lines += [f"  failed: {test.stage:<10} {test.test}" for test in failures]
     return "\n".join(lines)
 
 
