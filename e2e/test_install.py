@@ -32,6 +32,8 @@ from typing import Any, Self
 import pytest
 import yaml
 
+from batchpilot.admission import injections
+from batchpilot.api import names
 from batchpilot.kube import pods
 from batchpilot_cluster import building, images, podnetwork, realnodes
 from batchpilot_testbed import charts, clients, fleet, namespaces, waiting
@@ -116,6 +118,27 @@ def kubectl(kube: Kube, *args: str, stdin: str | None = None, timeout: float = 6
     done = kube.kubectl_run(*args, stdin=stdin, timeout=timeout)
     assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
     return done.stdout
+
+
+def as_the_user_wrote_it(pod: dict[str, Any]) -> dict[str, Any]:
+    """A running Triton Pod as its user would write it to opt in: without the sidecar, the
+    readiness gate and the governed label batchpilot's manifest adds by hand, with the opt-in
+    label."""
+    spec = copy.deepcopy(pod["spec"])
+    spec["containers"] = [
+        container
+        for container in spec["containers"]
+        if container["name"] != injections.SIDECAR_CONTAINER
+    ]
+    for injected in ("readinessGates", "nodeName"):
+        spec.pop(injected, None)
+    labels = {
+        key: value
+        for key, value in pod["metadata"]["labels"].items()
+        if key not in (names.GOVERNED_LABEL, "pod-template-hash")
+    }
+    metadata = {"generateName": "opted-in-", "labels": {**labels, names.INJECT_LABEL: "true"}}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
 
 def previous_chart(into: Path) -> Path:
@@ -619,7 +642,7 @@ def test_a_user_installs_switches_hitlessly_upgrades_and_uninstalls_on_a_real_no
         with Readiness(kube, triton) as readiness:
             old = {pod.metadata.name for pod in pod_list(kube, system, operator_selector)}
             interval = f"operator.interval={UPGRADED_INTERVAL}"
-            # The new chart's defaults under the values set at install (the documented way).
+            # The new chart's defaults (its webhook on) under the values set at install.
             upgrade = ("upgrade", release, str(charts.CHART), "-n", system,
                        "--reset-then-reuse-values",
                        "--set", interval, "--wait", "--timeout", "240s")  # fmt: skip
@@ -647,6 +670,18 @@ def test_a_user_installs_switches_hitlessly_upgrades_and_uninstalls_on_a_real_no
                 assert restarts(pod) == 0
                 running = [p.command for p in container_processes(container_id(pod, "operator"))]
                 assert any(f"--interval={UPGRADED_INTERVAL}" in c for c in running), running
+            # The API server calls the webhook in the new operator Pods, through its Service
+            # with the chart's certificate: a Pod that opts in comes back joined (a dry run).
+            pod = json.loads(kubectl(kube, "get", "pod", "-n", triton, "-o", "json",
+                                     next(iter(ips))))  # fmt: skip
+            opted_in = json.dumps(as_the_user_wrote_it(pod))
+            admitted = json.loads(kubectl(kube, "create", "--dry-run=server", "-o", "json",
+                                          "-n", triton, "-f", "-", stdin=opted_in))  # fmt: skip
+            containers = [container["name"] for container in admitted["spec"]["containers"]]
+            assert containers == ["triton", injections.SIDECAR_CONTAINER], containers
+            gate = {"conditionType": names.CONFIG_APPLIED_GATE}
+            assert admitted["spec"]["readinessGates"] == [gate]
+            assert admitted["metadata"]["labels"][names.GOVERNED_LABEL] == names.GOVERNED_VALUE
             time.sleep(3 * UPGRADED_INTERVAL)  # passes of the new operator
             assert bp_columns(kube, triton)["PROFILE"] == "bulk"
             assert fleet.everyone_serves(ips, "bulk")()

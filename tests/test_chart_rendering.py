@@ -6,10 +6,13 @@ Needs helm, from `make k8s-bins`, like tests/test_generated.py."""
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import pytest
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from batchpilot_testbed import charts
 
@@ -191,3 +194,98 @@ def test_without_the_exporters_namespace_the_service_is_left_out() -> None:
         "dcgmExporter.nodeLocalService.onlyIfNamespaceExists=false",
     )
     assert dcgm_services(disabled) == []
+
+
+def operator_container(documents: list[dict[str, Any]]) -> dict[str, Any]:
+    (deployment,) = of_kind(documents, "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return dict(container)
+
+
+@pytest.mark.timeout(60)
+def test_the_webhook_is_asked_only_about_opted_in_pods_outside_the_release_s_namespace() -> None:
+    documents = render("operator.namespaces={team-a,team-b}")
+    (configuration,) = of_kind(documents, "MutatingWebhookConfiguration")
+    (webhook,) = configuration["webhooks"]
+    assert webhook["failurePolicy"] == "Ignore"
+    assert webhook["timeoutSeconds"] <= 3
+    assert webhook["sideEffects"] == "None"
+    assert webhook["rules"] == [
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE"],
+            "resources": ["pods"],
+            "scope": "Namespaced",
+        }
+    ]
+    assert webhook["objectSelector"] == {"matchLabels": {"batchpilot.dev/inject": "true"}}
+    assert webhook["namespaceSelector"]["matchExpressions"] == [
+        {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": [RELEASE_NAMESPACE]},
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a", "team-b"]},
+    ]
+    service = webhook["clientConfig"]["service"]
+    (served,) = [
+        s for s in of_kind(documents, "Service") if s["metadata"]["name"] == service["name"]
+    ]
+    assert served["spec"]["ports"][0]["targetPort"] == "webhook"
+    (secret,) = [
+        s for s in of_kind(documents, "Secret") if s["metadata"]["name"] == service["name"]
+    ]
+    assert webhook["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
+    container = operator_container(documents)
+    assert "--sidecar-image=batchpilot-sidecar:0.1.0" in container["args"]
+    assert "--webhook-certificates=/etc/batchpilot/webhook" in container["args"]
+    # The operator needs no right on webhook configurations: the chart owns this one.
+    for role in of_kind(documents, "Role") + of_kind(documents, "ClusterRole"):
+        assert all("admissionregistration.k8s.io" not in r["apiGroups"] for r in role["rules"])
+
+
+@pytest.mark.timeout(60)
+def test_with_cert_manager_installed_it_makes_the_webhook_s_certificate() -> None:
+    arguments = ["--api-versions", "cert-manager.io/v1"]
+    manifest = charts.template(*arguments, namespace=RELEASE_NAMESPACE)
+    documents = [document for document in yaml.safe_load_all(manifest) if document]
+    (configuration,) = of_kind(documents, "MutatingWebhookConfiguration")
+    (certificate,) = of_kind(documents, "Certificate")
+    annotation = configuration["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+    assert annotation == f"{RELEASE_NAMESPACE}/{certificate['metadata']['name']}"
+    assert "caBundle" not in configuration["webhooks"][0]["clientConfig"]
+    assert not [s for s in of_kind(documents, "Secret") if s["metadata"]["name"] == annotation]
+
+
+@pytest.mark.timeout(60)
+def test_without_the_webhook_nothing_of_it_is_rendered() -> None:
+    documents = render("webhook.enabled=false")
+    assert of_kind(documents, "MutatingWebhookConfiguration") == []
+    assert not any("webhook" in argument for argument in operator_container(documents)["args"])
+
+
+@pytest.mark.timeout(60)
+def test_an_upgrade_that_reuses_values_without_the_webhook_s_keys_renders_without_it() -> None:
+    # `helm upgrade --reuse-values` from a chart before the webhook: no webhook, no sidecar key.
+    documents = render("webhook=null", "sidecar=null")
+    assert of_kind(documents, "MutatingWebhookConfiguration") == []
+    assert of_kind(documents, "Deployment")
+
+
+@pytest.mark.timeout(60)
+def test_the_chart_s_own_certificate_serves_the_webhook_s_service_name() -> None:
+    documents = render()
+    (configuration,) = of_kind(documents, "MutatingWebhookConfiguration")
+    service = configuration["webhooks"][0]["clientConfig"]["service"]
+    (secret,) = [
+        s for s in of_kind(documents, "Secret") if s["metadata"]["name"] == service["name"]
+    ]
+    pem = {key: base64.b64decode(value) for key, value in secret["data"].items()}
+    ca = x509.load_pem_x509_certificate(pem["ca.crt"])
+    served = x509.load_pem_x509_certificate(pem["tls.crt"])
+    served.verify_directly_issued_by(ca)
+    names = served.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    host = f"{service['name']}.{service['namespace']}.svc"
+    assert host in names.get_values_for_type(x509.DNSName)
+    key = serialization.load_pem_private_key(pem["tls.key"], password=None)
+    assert key.public_key().public_numbers() == served.public_key().public_numbers()  # type: ignore[union-attr]
+    assert (
+        base64.b64decode(configuration["webhooks"][0]["clientConfig"]["caBundle"]) == pem["ca.crt"]
+    )

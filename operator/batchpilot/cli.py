@@ -20,12 +20,16 @@ from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from batchpilot import __version__, explaining
-from batchpilot.api import documents
+from batchpilot.api import documents, names
 from batchpilot.applying import credentials
 from batchpilot.policy import governing
 from batchpilot_triton import endpoints
+
+if TYPE_CHECKING:
+    from batchpilot.admission import webhooks
 
 PLUGIN_GROUP = "batchpilot.commands"
 ADDED_ELSEWHERE = {
@@ -132,11 +136,36 @@ def _operator(arguments: argparse.Namespace) -> int:
     )
     return handlers.run(
         options=options,
+        webhook=_webhook(arguments),
         namespaces=arguments.namespace,
         standalone=arguments.standalone,
         peering=arguments.peering,
         priority=arguments.priority,
         liveness=None if arguments.liveness == "none" else arguments.liveness,
+    )
+
+
+def _webhook(arguments: argparse.Namespace) -> webhooks.WebhookOptions | None:
+    """The admission webhook's options, or None when it is not served; refuses half of them."""
+    if arguments.webhook_listen is None:
+        return None
+    from batchpilot.admission import injections, webhooks  # kopf's stack, as in _operator
+
+    if arguments.webhook_certificates is None or not arguments.sidecar_image:
+        raise ValueError("--webhook-listen needs --webhook-certificates and --sidecar-image")
+    webhooks.check_certificates(arguments.webhook_certificates)
+    host, port = _listen(arguments.webhook_listen, option="--webhook-listen") or ("", 0)
+    return webhooks.WebhookOptions(
+        host=host,
+        port=port,
+        certificates=arguments.webhook_certificates,
+        injection=injections.Settings(
+            sidecar_image=arguments.sidecar_image,
+            sidecar_pull_policy=arguments.sidecar_pull_policy,
+            operator_namespace=arguments.own_namespace,
+            credential_secret=arguments.repository_credential,
+            dcgm_url=arguments.dcgm_url,
+        ),
     )
 
 
@@ -354,6 +383,42 @@ def build_parser() -> argparse.ArgumentParser:
         help="a policy governs at most this many Pods, the first by name (LimitExceeded)",
     )
     operator.add_argument("--verbose", action="store_true", help="kopf's verbose logging")
+    webhook = operator.add_argument_group(
+        "admission webhook",
+        f"Serve the mutating webhook that injects what batchpilot needs into Pods labelled "
+        f"{names.INJECT_SELECTOR} (the chart's MutatingWebhookConfiguration sends them).",
+    )
+    webhook.add_argument(
+        "--webhook-listen", metavar="HOST:PORT", help="serve the webhook (HTTPS) here; default: no"
+    )
+    webhook.add_argument(
+        "--webhook-certificates",
+        type=Path,
+        metavar="DIR",
+        help="the folder with the webhook's tls.crt and tls.key",
+    )
+    webhook.add_argument(
+        "--sidecar-image", metavar="IMAGE", help="the image of the sidecar the webhook injects"
+    )
+    webhook.add_argument(
+        "--sidecar-pull-policy", choices=("Always", "IfNotPresent", "Never"), help="its pull policy"
+    )
+    webhook.add_argument(
+        "--dcgm-url", metavar="URL", help="the injected sidecar's --dcgm-url (the node's exporter)"
+    )
+    webhook.add_argument(
+        "--repository-credential",
+        default="triton-repository-credential",
+        metavar="SECRET",
+        help="the Secret whose token locks an injected Triton's model-repository API, unless the "
+        f"Pod's {names.REPOSITORY_CREDENTIAL_ANNOTATION} names another",
+    )
+    webhook.add_argument(
+        "--own-namespace",
+        default=os.environ.get("POD_NAMESPACE"),
+        metavar="NAMESPACE",
+        help="never inject into Pods of this namespace (default: $POD_NAMESPACE)",
+    )
     operator.set_defaults(handler=_operator)
 
     for name, plugin in _plugins():

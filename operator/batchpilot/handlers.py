@@ -22,6 +22,7 @@ from typing import Any
 import kopf
 
 from batchpilot import operating, telemetry
+from batchpilot.admission import webhooks
 from batchpilot.api import names, v1alpha1
 
 GROUP, VERSION, PLURAL = names.GROUP, v1alpha1.VERSION, names.PLURAL
@@ -54,6 +55,10 @@ async def configure(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> 
     settings.watching.label_selectors["", "v1", "pods"] = names.GOVERNED_SELECTOR
     # The first LIST of a large fleet arrives in pages, never as one response held whole.
     settings.watching.chunk_size = WATCH_PAGE_SIZE
+    webhook: webhooks.WebhookOptions | None = memo.get("webhook")
+    if webhook is not None:
+        # The chart owns the MutatingWebhookConfiguration: kopf only serves (see `webhooks`).
+        settings.admission.server = webhooks.server(webhook)
     settings.posting.level = logging.INFO
     settings.peering.stealth = True
     if not controller_of(memo).options.verbose:
@@ -186,14 +191,18 @@ async def pod_changed(
 def run(
     *,
     options: operating.Options,
+    webhook: webhooks.WebhookOptions | None = None,
     namespaces: list[str],
     standalone: bool,
     peering: str,
     priority: int | None,
     liveness: str | None,
 ) -> int:
-    """Run the operator until SIGTERM or Ctrl-C."""
+    """Run the operator until SIGTERM or Ctrl-C; with `webhook`, serve the admission webhook
+    too."""
     controller = operating.build_controller(options)
+    if webhook is not None:
+        webhooks.register(kopf.get_default_registry(), webhook)
     kopf.run(
         clusterwide=not namespaces,
         namespaces=namespaces,
@@ -203,6 +212,6 @@ def run(
         # Peers of equal priority all pause; a random one per replica makes one the leader.
         priority=priority if priority is not None else secrets.randbelow(2**31 - 1) + 1,
         liveness_endpoint=liveness,
-        memo=kopf.Memo(controller=controller),
+        memo=kopf.Memo(controller=controller, webhook=webhook),
     )
     return 0

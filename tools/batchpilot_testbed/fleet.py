@@ -463,3 +463,102 @@ class ReadyAfterRestart:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
+
+
+def users_deployment(
+    name: str,
+    *,
+    placement: Placement,
+    replicas: int,
+    labels: dict[str, str],
+    template_labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """A Triton Deployment as a user has it before batchpilot: one container running
+    tritonserver with manifests/triton-deployment.yaml's flags for the model, without what
+    batchpilot adds (the restricted-API flags and their credential, port names, the sidecar, the
+    readiness gate, the governed label). `template_labels` and `annotations` go on its Pod
+    template beside `labels` (the opt-in)."""
+    triton = {
+        "name": "triton",
+        "image": placement.triton_image,
+        "imagePullPolicy": "Never",  # imported into the node's runtime: there is no registry
+        "command": ["tritonserver"],
+        "args": tritonserver_arguments(
+            models=(MODEL,), grpc_max_connection_age_ms=None, locked=False
+        ),
+        "ports": [
+            {"containerPort": port}
+            for port in (
+                endpoints.TRITON_HTTP_PORT,
+                endpoints.TRITON_GRPC_PORT,
+                endpoints.TRITON_METRICS_PORT,
+            )
+        ],
+        # As triton_pod's: polled each second, so a test waits less.
+        "readinessProbe": {
+            "httpGet": {"path": "/v2/health/ready", "port": endpoints.TRITON_HTTP_PORT},
+            "periodSeconds": 1,
+            "timeoutSeconds": 5,
+        },
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "strategy": {"rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            "template": {
+                "metadata": {
+                    "labels": {**labels, **(template_labels or {})},
+                    **({"annotations": annotations} if annotations else {}),
+                },
+                "spec": {
+                    "containers": [triton],
+                    "terminationGracePeriodSeconds": 5,
+                    "enableServiceLinks": False,
+                    "automountServiceAccountToken": False,
+                    **(
+                        {"nodeSelector": placement.node_selector} if placement.node_selector else {}
+                    ),
+                    "tolerations": [
+                        {"key": realnodes.TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
+                    ],
+                },
+            },
+        },
+    }
+
+
+class GateHistory:
+    """Polls the Pods `selector` picks, ten times a second, from a thread: each Pod's readiness
+    gate condition (True, False, or unset) in the order seen."""
+
+    def __init__(self, kube: Kube, namespace: str, selector: str) -> None:
+        self.kube, self.namespace, self.selector = kube, namespace, selector
+        self.history: dict[str, list[str]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.1):
+            with contextlib.suppress(client.ApiException, OSError):
+                listed = self.kube.core.list_namespaced_pod(
+                    self.namespace, label_selector=self.selector
+                )
+                for pod in listed.items:
+                    conditions = (pod.status.conditions if pod.status else None) or []
+                    state = next((c.status for c in conditions if c.type == pods.GATE), "unset")
+                    seen = self.history.setdefault(str(pod.metadata and pod.metadata.name), [])
+                    if not seen or seen[-1] != state:
+                        seen.append(str(state))
+
+    def went_false(self) -> set[str]:
+        return {pod for pod, states in self.history.items() if "False" in states}
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)

@@ -113,3 +113,34 @@ nothing under `helm template` and client-side dry runs, which skip the check.
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/* The sidecar image the webhook injects: versioned with the operator's (the appVersion). */}}
+{{- define "batchpilot.sidecarImage" -}}
+{{- if .Values.sidecar.image.digest }}
+{{- printf "%s@%s" .Values.sidecar.image.repository .Values.sidecar.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.sidecar.image.repository (default .Chart.AppVersion .Values.sidecar.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* The admission webhook's Service, Secret (its serving certificate) and configuration. */}}
+{{- define "batchpilot.webhookName" -}}
+{{- printf "%s-webhook" (include "batchpilot.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Where the webhook's certificate comes from: cert-manager or the chart (webhook.certificates.source). */}}
+{{- define "batchpilot.webhookCertificateSource" -}}
+{{- $source := .Values.webhook.certificates.source }}
+{{- if eq $source "auto" }}
+{{- if .Capabilities.APIVersions.Has "cert-manager.io/v1" }}cert-manager{{ else }}chart{{ end }}
+{{- else }}
+{{- $source }}
+{{- end }}
+{{- end }}
+
+{{/* Whether to serve the webhook: "true" or "". An upgrade with --reuse-values from a chart
+without it keeps the old values, which have no webhook or sidecar keys: it stays off then
+(--reset-then-reuse-values takes this chart's defaults). */}}
+{{- define "batchpilot.webhookEnabled" -}}
+{{- if and (dig "webhook" "enabled" false .Values.AsMap) (dig "sidecar" "image" "repository" "" .Values.AsMap) }}true{{ end }}
+{{- end }}

@@ -32,7 +32,7 @@ from batchpilot.applying.replicas import Replica, ServingContainer
 from batchpilot.kube.client import KubeClient
 from batchpilot.policy import governing
 
-GATE = "batchpilot.dev/config-applied"
+GATE = names.CONFIG_APPLIED_GATE
 NO_POLICY_SELECTS = "no batchpilot policy selects this Pod any more"
 STRATEGIC_MERGE = "application/strategic-merge-patch+json"
 
