@@ -473,6 +473,11 @@ def _start_components(
             f"--service-account-key-file={pki.service_account_pub}",
             f"--service-account-signing-key-file={pki.service_account_key}",
             f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+            # Webhooks (and aggregated APIs) are called at one of their Service's endpoints,
+            # not at its ClusterIP: this host routes the Service range as unreachable
+            # (podnetwork), so its own connections never reach kube-proxy's rules, as they
+            # would on a control-plane node whose default route covers the range.
+            "--enable-aggregator-routing=true",
             f"--kubelet-certificate-authority={pki.ca_cert}",
             f"--kubelet-client-certificate={pki.client_cert(certificates.APISERVER_KUBELET_CLIENT)}",
             f"--kubelet-client-key={pki.client_key(certificates.APISERVER_KUBELET_CLIENT)}",
