@@ -24,6 +24,7 @@ import kopf
 from batchpilot import operating, telemetry
 from batchpilot.admission import webhooks
 from batchpilot.api import names, v1alpha1
+from batchpilot.kube import client
 
 GROUP, VERSION, PLURAL = names.GROUP, v1alpha1.VERSION, names.PLURAL
 WATCH_PAGE_SIZE = 500
@@ -35,10 +36,10 @@ def controller_of(memo: Any) -> operating.Controller:
 
 
 @kopf.on.login()
-def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-    """kopf logs in with the Kubernetes client's configuration (in-cluster, else the
-    kubeconfig), the one the operator's own client uses (`kube.client`): one login for both."""
-    return kopf.login_via_client(**kwargs)
+def login(*, logger: kopf.Logger, **_: Any) -> kopf.ConnectionInfo:
+    """kopf logs in as the operator's own client does (`kube.client.login`: in a Pod its
+    ServiceAccount, else the kubeconfig): one login for both."""
+    return client.login(logger=logger)
 
 
 @kopf.on.startup()

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import kopf
-import kubernetes.client
 
 from batchpilot import reconciling, telemetry
 from batchpilot.api import names
@@ -149,7 +148,7 @@ class Controller:
         await self._loops_ended(LOOP_END_TIMEOUT_SECONDS)
         await self.reconciler.fleet.close()
         if self.kube is not None:
-            self.kube.close()
+            await self.kube.close()
 
     async def _loops_ended(self, seconds: float) -> None:
         endings = [ended.wait() for ended in self.loops.values()]
@@ -423,8 +422,7 @@ def triton_fleet() -> fleets.TritonFleet:
 
 
 def build_controller(options: Options) -> Controller:
-    client.load_configuration()
-    kube = client.KubeClient(kubernetes.client.ApiClient())
+    kube = client.KubeClient()
     fleet = triton_fleet()
     metrics = telemetry.controller_metrics()
     pods = kube_pods.Pods(kube)

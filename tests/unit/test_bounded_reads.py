@@ -15,7 +15,6 @@ import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import kubernetes.client
 import pytest
 from aiohttp import web
 
@@ -241,7 +240,7 @@ async def test_no_prometheus_query_outlives_a_read_the_tick_gave_up_on(
 
 def pods_of_tenant_b() -> kube_pods.Pods:
     """Tenant B's Pods as a tick finds them: in the operator's watch-fed index."""
-    reader = kube_pods.Pods(client.KubeClient(kubernetes.client.ApiClient()))
+    reader = kube_pods.Pods(client.KubeClient())
     pod = {
         "metadata": {"name": "triton-b", "labels": {"app": "triton"}},
         "spec": {"containers": [{"name": "triton", "ports": []}]},

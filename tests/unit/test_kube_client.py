@@ -1,85 +1,224 @@
-"""The operator's one client: a deadline on each whole call, one error whatever failed, and
-Events posted as news (a failure is logged, never raised)."""
+"""The operator's one client: each whole call bounded by its deadline and its answer by a size
+cap, one error whatever failed (no refusal's body repeated), a login that kopf shares, and Events
+posted as news (a failure is logged, never raised). The API servers are real HTTP servers on
+loopback."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime
-import threading
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
-import kubernetes.client
+import kopf
 import pytest
-import urllib3.exceptions
+from aiohttp import web
 
-from batchpilot.kube import client, events
+from batchpilot.kube import client, events, kubeconfigs
+from web_apps import ServeApp
 
-
-def kube_client(timeout: float = 5.0) -> client.KubeClient:
-    return client.KubeClient(kubernetes.client.ApiClient(), timeout=timeout)
-
-
-async def test_a_call_that_never_answers_ends_the_wait_at_its_deadline() -> None:
-    release = threading.Event()
-    seen: dict[str, Any] = {}
-
-    def hangs(name: str, **kwargs: Any) -> None:
-        seen.update(kwargs, name=name)
-        release.wait(30)
-
-    try:
-        with pytest.raises(client.KubeError) as raised:
-            await kube_client(timeout=0.05).call("setting a gate", hangs, "triton-0")
-    finally:
-        release.set()
-    assert seen == {"name": "triton-0", "_request_timeout": 0.05}
-    assert raised.value.status is None
-    assert str(raised.value) == "setting a gate: no answer in time"
+SECRET = "hunter2-do-not-repeat"
 
 
-async def test_calls_that_hang_hold_the_clients_threads_never_the_loops() -> None:
-    release = threading.Event()
-    kube = client.KubeClient(kubernetes.client.ApiClient(), timeout=0.05, workers=2)
-
-    def hangs(**_: Any) -> None:
-        release.wait(30)
-
-    try:
-        for _ in range(3):
-            with pytest.raises(client.KubeError):
-                await kube.call("reading a Secret", hangs)
-        # Both of its threads hang: the default pool (name resolution) still answers, and
-        # another call waits its deadline in the queue rather than starting a third thread.
-        assert await asyncio.to_thread(lambda: "resolved") == "resolved"
-        with pytest.raises(client.KubeError):
-            await kube.call("reading a Secret", hangs)
-        assert len(kube._threads._threads) == 2
-    finally:
-        release.set()
-        kube.close()
+def logged_in(url: str, token: str = "t0k3n") -> client.KubeClient:
+    return client.KubeClient(lambda: kopf.ConnectionInfo(server=url, token=token), timeout=2.0)
 
 
-async def test_an_answer_in_time_is_returned() -> None:
-    assert await kube_client().call("doubling", lambda x, **_: x * 2, 21) == 42
+class ApiServer:
+    """Answers every request with the next of `answers` (status, body), recording each."""
+
+    def __init__(self, *answers: tuple[int, Any]) -> None:
+        self.answers = list(answers)
+        self.seen: list[dict[str, Any]] = []
+
+    async def answer(self, request: web.Request) -> web.StreamResponse:
+        self.seen.append(
+            {
+                "method": request.method,
+                "path": request.path,
+                "type": request.content_type,
+                "auth": request.headers.get("Authorization"),
+                "body": await request.json() if request.can_read_body else None,
+            }
+        )
+        status, body = self.answers.pop(0)
+        if body == "trickle":
+            response = web.StreamResponse()
+            await response.prepare(request)
+            for _ in range(600):  # a byte every 50 ms: 30 s at most, far past the deadline
+                await response.write(b" ")
+                await asyncio.sleep(0.05)
+            return response
+        if body == "flood":
+            response = web.StreamResponse()
+            await response.prepare(request)
+            for _ in range(64):  # 64 MiB, generated as it is sent
+                await response.write(b" " * 1024 * 1024)
+            return response
+        return web.json_response(body, status=status)
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_route("*", "/{path:.*}", self.answer)
+        return app
 
 
-@pytest.mark.parametrize(
-    ("failure", "status", "reason"),
-    [
-        (kubernetes.client.ApiException(status=403, reason="Forbidden"), 403, "Forbidden"),
-        (kubernetes.client.ApiException(status=409), 409, "HTTP 409"),
-        (urllib3.exceptions.MaxRetryError(None, "/api"), None, "no connection (MaxRetryError)"),  # type: ignore[arg-type]
-    ],
-)
-async def test_every_failure_is_one_error_with_its_status_or_none(
-    failure: Exception, status: int | None, reason: str
+async def test_a_request_goes_to_its_path_with_its_body_type_and_credential(
+    serve_app: ServeApp,
 ) -> None:
-    def fails(**_: Any) -> None:
-        raise failure
+    server = ApiServer((200, {"kind": "Pod"}))
+    kube = logged_in(await serve_app(server.app()))
+    path = client.namespaced("v1", "team-a", "pods", "triton-0", "status")
+    answer = await kube.request(
+        "setting a gate", "PATCH", path, body={"a": 1}, content_type="application/merge-patch+json"
+    )
+    await kube.close()
+    assert answer == {"kind": "Pod"}
+    assert server.seen == [
+        {
+            "method": "PATCH",
+            "path": "/api/v1/namespaces/team-a/pods/triton-0/status",
+            "type": "application/merge-patch+json",
+            "auth": "Bearer t0k3n",
+            "body": {"a": 1},
+        }
+    ]
 
+
+def test_paths_name_the_group_and_quote_every_segment() -> None:
+    assert client.namespaced(
+        "batchpilot.dev/v1alpha1", "ns", "batchpolicies", "desk", "status"
+    ) == ("/apis/batchpilot.dev/v1alpha1/namespaces/ns/batchpolicies/desk/status")
+    assert client.namespaced("v1", "ns", "events") == "/api/v1/namespaces/ns/events"
+    assert (
+        client.namespaced("v1", "ns", "secrets", "a/../b")
+        == "/api/v1/namespaces/ns/secrets/a%2F..%2Fb"
+    )
+
+
+@pytest.mark.timeout(30)
+async def test_an_api_server_that_trickles_is_left_at_the_deadline_of_the_whole_call(
+    serve_app: ServeApp,
+) -> None:
+    """A byte every 50 ms never lets a per-read timeout fire: the whole call's deadline ends it."""
+    url = await serve_app(ApiServer((200, "trickle")).app())
+    kube = client.KubeClient(lambda: kopf.ConnectionInfo(server=url), timeout=0.5)
+    started = asyncio.get_running_loop().time()
     with pytest.raises(client.KubeError) as raised:
-        await kube_client().call("writing a status", fails)
-    assert (raised.value.status, raised.value.reason) == (status, reason)
+        await kube.request("reading a Secret", "GET", "/api/v1/namespaces/a/secrets/b")
+    waited = asyncio.get_running_loop().time() - started
+    await kube.close()
+    assert (raised.value.status, str(raised.value)) == (None, "reading a Secret: no answer in time")
+    assert waited < 10, "the trickle held the call"
+
+
+@pytest.mark.timeout(30)
+async def test_an_answer_over_the_cap_is_cut_off_there(serve_app: ServeApp) -> None:
+    url = await serve_app(ApiServer((200, "flood")).app())
+    kube = client.KubeClient(
+        lambda: kopf.ConnectionInfo(server=url), timeout=20.0, max_answer_bytes=1024 * 1024
+    )
+    with pytest.raises(client.KubeError) as raised:
+        await kube.request("reading a Secret", "GET", "/api/v1/namespaces/a/secrets/b")
+    await kube.close()
+    assert (raised.value.status, raised.value.reason) == (None, "an answer over 1048576 bytes")
+
+
+async def test_a_refusal_is_its_status_and_reason_never_its_body(serve_app: ServeApp) -> None:
+    server = ApiServer((403, {"message": f"forbidden, password={SECRET}"}))
+    kube = logged_in(await serve_app(server.app()))
+    with pytest.raises(client.KubeError) as raised:
+        await kube.request("reading a Secret", "GET", "/api/v1/namespaces/a/secrets/b")
+    await kube.close()
+    assert (raised.value.status, raised.value.reason) == (403, "Forbidden")
+    assert SECRET not in str(raised.value)
+
+
+async def test_no_server_is_no_connection() -> None:
+    kube = logged_in("http://127.0.0.1:9")  # the discard port: nothing listens
+    with pytest.raises(client.KubeError) as raised:
+        await kube.request("posting an event", "POST", "/api/v1/namespaces/a/events", body={})
+    await kube.close()
+    assert raised.value.status is None
+    assert raised.value.reason.startswith("no connection (")
+
+
+async def test_a_401_logs_in_again_once_and_a_second_is_the_error(serve_app: ServeApp) -> None:
+    server = ApiServer((401, {}), (200, {"ok": True}), (401, {}), (401, {}))
+    url = await serve_app(server.app())
+    tokens = iter(["old", "rotated", "rotated", "rotated"])
+    kube = client.KubeClient(lambda: kopf.ConnectionInfo(server=url, token=next(tokens)))
+    assert await kube.request("reading a Secret", "GET", "/api/v1/namespaces/a/secrets/b") == {
+        "ok": True
+    }
+    with pytest.raises(client.KubeError) as raised:
+        await kube.request("reading a Secret", "GET", "/api/v1/namespaces/a/secrets/b")
+    await kube.close()
+    assert [seen["auth"] for seen in server.seen] == [
+        "Bearer old", "Bearer rotated", "Bearer rotated", "Bearer rotated"
+    ]  # fmt: skip
+    assert raised.value.status == 401
+
+
+def service_account(folder: Path) -> Path:
+    folder.mkdir()
+    (folder / "token").write_text("sa-token\n")
+    (folder / "namespace").write_text("batchpilot-system")
+    return folder
+
+
+def test_in_a_pod_it_logs_in_with_its_service_account_at_the_kubelet_s_address(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    info = client.login(service_account=service_account(tmp_path / "sa"))
+    assert (info.server, info.token, info.default_namespace) == (
+        "https://10.96.0.1:443", "sa-token", "batchpilot-system"
+    )  # fmt: skip
+
+
+def kubeconfig(path: Path, user: dict[str, Any]) -> Path:
+    path.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
+        "clusters: [{name: k, cluster: {server: 'https://127.0.0.1:6443'}}]\n"
+        f"users: [{{name: u, user: {user}}}]\n"
+    )
+    return path
+
+
+def test_outside_a_pod_it_logs_in_as_the_kubeconfig_s_user(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "config", {"token": "user-token"})))
+    assert not kubeconfigs.login_needs_the_client()
+    info = client.login(service_account=tmp_path / "no-sa")
+    assert (info.server, info.token) == ("https://127.0.0.1:6443", "user-token")
+    exec_plugin = {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": "gcloud"}}
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "exec", exec_plugin)))
+    assert kubeconfigs.login_needs_the_client(), "only the client runs an exec plugin"
+
+
+def test_the_operator_command_keeps_the_kubernetes_client_out_unless_logging_in_needs_it(
+    tmp_path: Path,
+) -> None:
+    """kopf imports the client's models whenever they are installed: 34 MiB (bench_scale)."""
+    probe = (
+        "import sys; from batchpilot import cli; cli.keep_the_kubernetes_client_out();"
+        " import kopf, batchpilot.handlers; print(sys.modules.get('kubernetes') is not None)"
+    )
+    for user, loaded in (({"token": "t"}, "False"), ({"exec": {"command": "gcloud"}}, "True")):
+        environment = {"KUBECONFIG": str(kubeconfig(tmp_path / f"config-{loaded}", user))}
+        printed = subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+            env={**environment, "PATH": "/usr/bin:/bin"}, timeout=60,
+        ).stdout.strip()  # fmt: skip
+        assert printed == loaded, (user, printed)
 
 
 POLICY = {
@@ -109,19 +248,15 @@ def test_an_event_names_its_policy_and_batchpilot_as_its_source() -> None:
 
 
 async def test_an_event_that_cannot_be_posted_is_logged_not_raised(
-    caplog: pytest.LogCaptureFixture,
+    serve_app: ServeApp, caplog: pytest.LogCaptureFixture
 ) -> None:
-    posted: list[tuple[str, dict[str, Any]]] = []
-
-    class RefusingCore:
-        def create_namespaced_event(self, namespace: str, body: dict[str, Any], **_: Any) -> None:
-            posted.append((namespace, body))
-            raise kubernetes.client.ApiException(status=403, reason="Forbidden")
-
-    kube = kube_client()
-    kube.core = RefusingCore()  # type: ignore[assignment]
+    server = ApiServer((403, {"message": "events are forbidden"}))
+    kube = logged_in(await serve_app(server.app()))
     await events.Events(kube).post(
         POLICY, type="Normal", reason="ProfileSwitched", message="bulk -> interactive"
     )
-    assert [namespace for namespace, _ in posted] == ["team-a"]
+    await kube.close()
+    assert [(seen["method"], seen["path"]) for seen in server.seen] == [
+        ("POST", "/api/v1/namespaces/team-a/events")
+    ]
     assert "event not posted (posting a ProfileSwitched event in team-a: Forbidden)" in caplog.text

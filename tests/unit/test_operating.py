@@ -8,7 +8,6 @@ import datetime
 from typing import Any
 
 import kopf
-import kubernetes.client
 import operator_fakes
 import pytest
 from kopf._cogs.structs import references as kopf_references
@@ -390,7 +389,7 @@ async def test_the_pods_index_keeps_each_pod_trimmed_under_its_namespace() -> No
 
 
 def test_the_handlers_hand_kopf_s_index_of_pods_to_the_reader_of_replicas() -> None:
-    reader = kube_pods.Pods(client.KubeClient(kubernetes.client.ApiClient()))
+    reader = kube_pods.Pods(client.KubeClient())
     subject = dataclasses.replace(controller(ScriptedReconciler(), Recorder()), pods=reader)
     index: dict[str | None, list[dict[str, Any]]] = {"ns": []}
     subject.attach_pods(index)
@@ -457,7 +456,7 @@ class GatePods(kube_pods.Pods):
     """The reader of Pods over a given index, with its gate writes recorded."""
 
     def __init__(self, index: dict[str | None, list[dict[str, Any]]]) -> None:
-        super().__init__(client.KubeClient(kubernetes.client.ApiClient()))
+        super().__init__(client.KubeClient())
         self.index = index
         self.opened: list[tuple[str, str, str]] = []
 

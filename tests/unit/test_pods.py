@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import kubernetes.client
 import pytest
 
 from batchpilot.api.v1alpha1 import specs
@@ -102,7 +101,7 @@ def labelled(name: str, **labels: str) -> dict[str, Any]:
 
 
 def test_a_policy_s_replicas_are_the_indexed_pods_of_its_namespace_its_selector_matches() -> None:
-    reader = pods.Pods(client.KubeClient(kubernetes.client.ApiClient()))
+    reader = pods.Pods(client.KubeClient())
     reader.index = {
         "desk": [
             labelled("a", app="triton", zone="a"),
@@ -130,11 +129,7 @@ def test_a_policy_s_replicas_are_the_indexed_pods_of_its_namespace_its_selector_
 
 def test_without_the_index_a_pass_fails_instead_of_finding_no_replicas() -> None:
     with pytest.raises(RuntimeError, match="index is not filled"):
-        asyncio.run(
-            pods.Pods(client.KubeClient(kubernetes.client.ApiClient())).replicas(
-                "desk", target_spec()
-            )
-        )
+        asyncio.run(pods.Pods(client.KubeClient()).replicas("desk", target_spec()))
 
 
 def triton_and_sidecar(*statuses: dict[str, Any]) -> dict[str, Any]:

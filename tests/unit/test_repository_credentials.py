@@ -4,11 +4,9 @@ missing or refused one is a condition and an event with nothing half-applied."""
 from __future__ import annotations
 
 import base64
-import json
 from pathlib import Path
 from typing import Any
 
-import kubernetes.client
 import pydantic
 import pytest
 from operator_fakes import FakeFleet, FakeGates, FakePods, FakeServer, target
@@ -172,34 +170,38 @@ def test_the_credential_is_optional_and_its_header_is_a_lower_case_token() -> No
             specs.RepositoryCredential.model_validate(bad)
 
 
-class FakeCoreApi:
+class FakeApiServer(client.KubeClient):
+    """The operator's client over Secrets held here: what it asked for, and the API server's
+    refusal (`status`) or answer."""
+
     def __init__(self, secrets_by_name: dict[str, dict[str, str]], status: int = 0) -> None:
+        super().__init__()
         self.secrets = secrets_by_name
         self.status = status
         self.read: list[tuple[str, str]] = []
 
-    def read_namespaced_secret(self, name: str, namespace: str, **_: Any) -> Any:
+    async def request(self, what: str, method: str, path: str, **_: Any) -> dict[str, Any]:
+        *_, namespace, plural, name = path.split("/")
+        assert (method, plural) == ("GET", "secrets"), path
         self.read.append((namespace, name))
         if self.status:
-            raise kubernetes.client.ApiException(status=self.status)
+            raise client.KubeError(what, self.status, f"HTTP {self.status}")
         if name not in self.secrets:
-            raise kubernetes.client.ApiException(status=404)
+            raise client.KubeError(what, 404, "Not Found")
         data = {k: base64.b64encode(v.encode()).decode() for k, v in self.secrets[name].items()}
-        return type("Response", (), {"data": json.dumps({"data": data}).encode()})()
+        return {"kind": "Secret", "data": data}
 
 
 def secret_source(
-    api: FakeCoreApi, clock: Any = lambda: 0.0
+    api: FakeApiServer, clock: Any = lambda: 0.0
 ) -> secret_credentials.SecretCredentials:
-    kube = client.KubeClient(kubernetes.client.ApiClient())
-    kube.core = api  # type: ignore[assignment]
-    return secret_credentials.SecretCredentials(kube, clock=clock)
+    return secret_credentials.SecretCredentials(api, clock=clock)
 
 
 async def test_the_secret_is_read_once_a_cache_period_and_again_once_triton_refuses_it() -> None:
     """Issue 39: every pass of every policy read its Secret through the API, on the pool of
     threads all tenants share."""
-    api = FakeCoreApi({"triton-credential": {"token": TOKEN}})
+    api = FakeApiServer({"triton-credential": {"token": TOKEN}})
     now = [0.0]
     source = secret_source(api, clock=lambda: now[0])
     for second in range(0, 30, 2):
@@ -234,7 +236,7 @@ async def test_a_credential_triton_refuses_is_read_afresh_on_the_next_pass() -> 
 
 
 async def test_the_secret_is_read_in_the_policys_own_namespace_only() -> None:
-    api = FakeCoreApi({"triton-credential": {"token": TOKEN + "\n"}})
+    api = FakeApiServer({"triton-credential": {"token": TOKEN + "\n"}})
     credential = CREDENTIAL
     headers = await secret_source(api).repository_headers("team-a", credential)
     assert headers == HEADER  # a trailing newline (echo > file) is not part of the value
@@ -245,14 +247,14 @@ async def test_the_secret_is_read_in_the_policys_own_namespace_only() -> None:
 @pytest.mark.parametrize(
     ("api", "credential", "says"),
     [
-        (FakeCoreApi({}), {}, "Secret team-a/triton-credential does not exist"),
-        (FakeCoreApi({}, status=403), {}, "may not read Secret team-a/triton-credential"),
-        (FakeCoreApi({"triton-credential": {"other": TOKEN}}), {}, "has no key 'token'"),
-        (FakeCoreApi({"triton-credential": {"token": "two words"}}), {}, "not a usable header"),
+        (FakeApiServer({}), {}, "Secret team-a/triton-credential does not exist"),
+        (FakeApiServer({}, status=403), {}, "may not read Secret team-a/triton-credential"),
+        (FakeApiServer({"triton-credential": {"other": TOKEN}}), {}, "has no key 'token'"),
+        (FakeApiServer({"triton-credential": {"token": "two words"}}), {}, "not a usable header"),
     ],
 )
 async def test_a_secret_that_cannot_give_the_credential_says_why_without_its_value(
-    api: FakeCoreApi, credential: dict[str, str], says: str
+    api: FakeApiServer, credential: dict[str, str], says: str
 ) -> None:
     named = specs.RepositoryCredential.model_validate(
         {"secretName": "triton-credential", **credential}
@@ -308,7 +310,7 @@ async def test_a_load_refused_for_its_credential_reopens_the_gate_it_closed() ->
 async def test_a_secret_that_cannot_give_the_value_is_asked_again_only_a_cache_period_later() -> (
     None
 ):
-    api = FakeCoreApi({})
+    api = FakeApiServer({})
     now = [0.0]
     source = secret_source(api, clock=lambda: now[0])
     for second in (0.0, 5.0, secret_credentials.CACHE_SECONDS):

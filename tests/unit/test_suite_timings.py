@@ -33,7 +33,11 @@ def test_skipped():
 
 
 @pytest.mark.timeout(120)
-def test_a_stage_records_every_test_and_the_report_counts_them(tmp_path: Path) -> None:
+def test_a_stage_records_every_test_and_the_report_counts_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The stage's pytest is no xdist worker, even when this test runs in one.
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     (tmp_path / "test_sample.py").write_text(SAMPLE)
     folder = tmp_path / "timings"
     status = suite_timings.run_stage(

@@ -2,27 +2,45 @@
 
 kopf watches the policies and the Pods and keeps its own bookkeeping. Everything else the
 operator asks of the API server — a Pod's readiness gate, a policy's status, an Event on a
-policy, the one Secret a repository credential names — goes through `KubeClient`: the Kubernetes
-client that kopf logs in with too (`handlers.login`), one deadline on each whole call, and one
-error, `KubeError`, whatever failed (a refusal, a connection, no answer in time).
+policy, the one Secret a repository credential names — goes through `KubeClient`: aiohttp, as
+kopf's own requests, logged in as kopf is (`login`: one login for both), one deadline on each
+whole call (connecting, sending and the whole answer: an API server that answers a byte at a
+time holds nothing past it), an answer read to a size cap, and one error, `KubeError`, whatever
+failed (a refusal, a connection, no answer in time, an answer too large).
+
+It uses no Kubernetes client library: that library's models cost the operator 34 MiB of
+memory (`kubeconfigs` says when the operator keeps it out: whenever logging in does not need it
+to run a kubeconfig's exec plugin).
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import functools
-from collections.abc import Callable
+import json
+import logging
+import os
+import urllib.parse
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
-import kubernetes.client
-import kubernetes.config
-import urllib3.exceptions
+import aiohttp
+import kopf
+
+from batchpilot.kube import kubeconfigs
+
+logger = logging.getLogger("batchpilot.operator")
+
+JSON = "application/json"
+MAX_ANSWER_BYTES = 4 * 1024 * 1024
+"""The largest answer read: an object echoed back (a Secret is at most 1 MiB) and no more."""
+
+SERVICE_ACCOUNT = kubeconfigs.SERVICE_ACCOUNT
 
 
 class KubeError(Exception):
     """A request the API server refused (`status` its HTTP status) or did not answer (`status`
-    None: no connection, or no answer in time)."""
+    None: no connection, no answer in time, or an answer over the size cap)."""
 
     def __init__(self, what: str, status: int | None, reason: str) -> None:
         self.what = what
@@ -31,50 +49,146 @@ class KubeError(Exception):
         super().__init__(f"{what}: {reason}")
 
 
-def load_configuration() -> None:
-    """In-cluster credentials when running in a Pod, else the kubeconfig (as kopf does)."""
-    try:
-        kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
-    except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config()  # type: ignore[no-untyped-call]
+def _in_cluster(service_account: Path) -> kopf.ConnectionInfo:
+    """The Pod's ServiceAccount, at the address the kubelet gives every Pod (no cluster DNS
+    needed), as the Kubernetes client's in-cluster configuration reads them."""
+    host = os.environ["KUBERNETES_SERVICE_HOST"]
+    port = os.environ["KUBERNETES_SERVICE_PORT"]
+    namespace = service_account / "namespace"
+    ca = service_account / "ca.crt"
+    return kopf.ConnectionInfo(
+        server=f"https://{f'[{host}]' if ':' in host else host}:{port}",
+        ca_path=str(ca) if ca.is_file() else None,
+        token=(service_account / "token").read_text().strip() or None,
+        default_namespace=namespace.read_text().strip() if namespace.is_file() else None,
+    )
 
 
-WORKERS = 4
-"""Threads for calls to the API server at once: beyond them, calls queue (and time out)."""
+def login(
+    *, logger: logging.Logger | kopf.Logger = logger, service_account: Path = SERVICE_ACCOUNT
+) -> kopf.ConnectionInfo:
+    """In a Pod its ServiceAccount, else the kubeconfig's current user (KUBECONFIG or
+    ~/.kube/config), read afresh on each call (the kubelet rotates the token's file). A user
+    without a credential of its own (an exec plugin) is logged in by the Kubernetes client,
+    which runs the plugin (`kubeconfigs`)."""
+    if kubeconfigs.in_cluster(service_account):
+        return _in_cluster(service_account)
+    settings = kopf.OperatorSettings()
+    if kubeconfigs.login_needs_the_client(service_account):
+        try:
+            info = kopf.login_via_client(logger=logger, settings=settings)
+        except ImportError:
+            raise kopf.LoginError(
+                "the kubeconfig's user logs in through a plugin, which needs the Kubernetes"
+                " client library (pip install kubernetes)"
+            ) from None
+    else:
+        info = kopf.login_with_kubeconfig(settings=settings)
+    if info is None:
+        raise kopf.LoginError("no ServiceAccount token and no kubeconfig: cannot log in")
+    return info
+
+
+def _path(*segments: str) -> str:
+    return "/" + "/".join(urllib.parse.quote(segment, safe="") for segment in segments)
+
+
+def namespaced(api: str, namespace: str, plural: str, name: str = "", *sub: str) -> str:
+    """`/api/v1/namespaces/ns/pods/name/status`-style paths, each segment quoted."""
+    prefix = ("api", "v1") if api == "v1" else ("apis", *api.split("/"))
+    return _path(*prefix, "namespaces", namespace, plural, *((name, *sub) if name else ()))
+
+
+async def _read_capped(response: aiohttp.ClientResponse, cap: int) -> bytes | None:
+    """The whole answer, or None if it runs past `cap` bytes (the rest is not read)."""
+    answer = bytearray()
+    async for chunk in response.content.iter_chunked(64 * 1024):
+        answer += chunk
+        if len(answer) > cap:
+            return None
+    return bytes(answer)
 
 
 class KubeClient:
-    """The synchronous Kubernetes client, called from worker threads of its own with a deadline.
-
-    The deadline ends the wait, not the call: a request an API server answers a byte at a time
-    keeps its thread. On a pool of their own such calls can only hold these threads, never the
-    event loop's default pool, which name resolution for every Triton request uses too.
-    """
+    """Requests to the API server, each bounded as a whole; logs in again once on a 401 (a
+    rotated ServiceAccount token)."""
 
     def __init__(
-        self, api: kubernetes.client.ApiClient, *, timeout: float = 10.0, workers: int = WORKERS
+        self,
+        login: Callable[[], kopf.ConnectionInfo] = login,
+        *,
+        timeout: float = 10.0,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
     ) -> None:
-        self.core = kubernetes.client.CoreV1Api(api)
-        self.custom = kubernetes.client.CustomObjectsApi(api)
+        self._login = login
         self.timeout = timeout
-        self._threads = concurrent.futures.ThreadPoolExecutor(
-            max_workers=workers, thread_name_prefix="kube-client"
+        self.max_answer_bytes = max_answer_bytes
+        self._session: aiohttp.ClientSession | None = None
+
+    def _connect(self) -> aiohttp.ClientSession:
+        info = self._login()
+        return aiohttp.ClientSession(
+            base_url=info.server,
+            connector=aiohttp.TCPConnector(ssl=info.as_ssl_context(), limit=8),
+            headers=info.as_http_headers(),
+            # Each call is bounded as a whole by `request`; no proxy from the environment.
+            timeout=aiohttp.ClientTimeout(total=None),
+            trust_env=False,
         )
 
-    async def call(self, what: str, method: Callable[..., Any], /, *args: Any, **kw: Any) -> Any:
-        """`method(*args, **kw)`: its answer, or KubeError. The client's `_request_timeout`
-        bounds each socket read, not the call, so the wait is bounded too (twice that)."""
-        request = functools.partial(method, *args, _request_timeout=self.timeout, **kw)
+    async def request(
+        self,
+        what: str,
+        method: str,
+        path: str,
+        *,
+        body: Mapping[str, Any] | None = None,
+        content_type: str = JSON,
+    ) -> dict[str, Any]:
+        """The API server's answer to `method path` (JSON), or KubeError."""
+        for attempt in ("first", "after logging in again"):
+            status, reason, answer = await self._exchange(what, method, path, body, content_type)
+            if status == 401 and attempt == "first":
+                await self.close()
+                continue
+            if status >= 400:
+                raise KubeError(what, status, reason or f"HTTP {status}")
+            try:
+                found = json.loads(answer) if answer else {}
+            except ValueError:
+                raise KubeError(what, None, "an answer that is not JSON") from None
+            return found if isinstance(found, dict) else {}
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+    async def _exchange(
+        self,
+        what: str,
+        method: str,
+        path: str,
+        body: Mapping[str, Any] | None,
+        content_type: str,
+    ) -> tuple[int, str | None, bytes]:
+        data = None if body is None else json.dumps(body).encode()
         try:
-            async with asyncio.timeout(self.timeout * 2):
-                return await asyncio.get_running_loop().run_in_executor(self._threads, request)
-        except kubernetes.client.ApiException as error:
-            raise KubeError(what, error.status, error.reason or f"HTTP {error.status}") from None
+            async with asyncio.timeout(self.timeout):
+                if self._session is None or self._session.closed:
+                    self._session = self._connect()
+                headers = {"Content-Type": content_type, "Accept": JSON}
+                async with self._session.request(
+                    method, path, data=data, headers=headers
+                ) as response:
+                    answer = await _read_capped(response, self.max_answer_bytes)
+                    if answer is None:
+                        raise KubeError(what, None, f"an answer over {self.max_answer_bytes} bytes")
+                    return response.status, response.reason, answer
         except TimeoutError:
             raise KubeError(what, None, "no answer in time") from None
-        except urllib3.exceptions.HTTPError as error:
+        except (aiohttp.ClientError, OSError) as error:
             raise KubeError(what, None, f"no connection ({type(error).__name__})") from None
+        except kopf.LoginError as error:
+            raise KubeError(what, None, f"cannot log in ({error})") from None
 
-    def close(self) -> None:
-        """Lets the threads go once their calls end; queued calls are dropped."""
-        self._threads.shutdown(wait=False, cancel_futures=True)
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None

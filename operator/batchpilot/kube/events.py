@@ -12,7 +12,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from batchpilot.kube.client import KubeClient, KubeError
+from batchpilot.kube.client import KubeClient, KubeError, namespaced
 
 logger = logging.getLogger("batchpilot.operator")
 
@@ -71,11 +71,11 @@ class Events:
         body = event_body(involved, now, type=type, reason=reason, message=message)
         namespace = body["metadata"]["namespace"]
         try:
-            await self._client.call(
+            await self._client.request(
                 f"posting a {reason} event in {namespace}",
-                self._client.core.create_namespaced_event,
-                namespace,
-                body,
+                "POST",
+                namespaced("v1", namespace, "events"),
+                body=body,
             )
         except KubeError as error:
             logger.warning("event not posted (%s): %s", error, message[:200])

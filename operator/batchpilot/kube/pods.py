@@ -29,7 +29,7 @@ from typing import Any
 from batchpilot.api import names
 from batchpilot.api.v1alpha1 import specs
 from batchpilot.applying.replicas import Replica, ServingContainer
-from batchpilot.kube.client import KubeClient
+from batchpilot.kube.client import KubeClient, namespaced
 from batchpilot.policy import governing
 
 GATE = names.CONFIG_APPLIED_GATE
@@ -250,11 +250,10 @@ class Pods:
                 "%Y-%m-%dT%H:%M:%SZ"
             ),
         }
-        await self._client.call(
+        await self._client.request(
             f"setting the gate of Pod {namespace}/{pod}",
-            self._client.core.patch_namespaced_pod_status,
-            pod,
-            namespace,
-            {"status": {"conditions": [condition]}},
-            _content_type=STRATEGIC_MERGE,
+            "PATCH",
+            namespaced("v1", namespace, "pods", pod, "status"),
+            body={"status": {"conditions": [condition]}},
+            content_type=STRATEGIC_MERGE,
         )

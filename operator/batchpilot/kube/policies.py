@@ -8,11 +8,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from batchpilot.api import names, v1alpha1
-from batchpilot.kube.client import KubeClient, KubeError
+from batchpilot.kube.client import KubeClient, KubeError, namespaced
 
 logger = logging.getLogger("batchpilot.operator")
 
 MERGE = "application/merge-patch+json"
+API = f"{names.GROUP}/{v1alpha1.VERSION}"
 
 
 class Policies:
@@ -36,16 +37,12 @@ class Policies:
 
     async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         """Replace the status fields given (a merge patch: lists are written whole)."""
-        await self._client.call(
+        await self._client.request(
             f"writing the status of {names.KIND} {namespace}/{name}",
-            self._client.custom.patch_namespaced_custom_object_status,
-            names.GROUP,
-            v1alpha1.VERSION,
-            namespace,
-            names.PLURAL,
-            name,
-            {"status": status},
-            _content_type=MERGE,
+            "PATCH",
+            namespaced(API, namespace, names.PLURAL, name, "status"),
+            body={"status": status},
+            content_type=MERGE,
         )
 
 

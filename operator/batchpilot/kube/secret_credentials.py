@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import time
 from collections.abc import Callable
-from typing import Any
 
 from batchpilot.api.v1alpha1 import specs
 from batchpilot.applying import credentials
-from batchpilot.kube.client import KubeClient, KubeError
+from batchpilot.kube.client import KubeClient, KubeError, namespaced
 
 CACHE_SECONDS = 30.0
 """How long a value read from a Secret is used before it is read again."""
@@ -73,16 +71,14 @@ class SecretCredentials:
         """The value, checked as a header value; raises CredentialUnavailable."""
         where = f"Secret {namespace}/{credential.secret_name}"
         try:
-            response: Any = await self._client.call(
+            secret = await self._client.request(
                 f"reading {where}",
-                self._client.core.read_namespaced_secret,
-                credential.secret_name,
-                namespace,
-                _preload_content=False,
+                "GET",
+                namespaced("v1", namespace, "secrets", credential.secret_name),
             )
         except KubeError as error:
             raise credentials.CredentialUnavailable(_refusal(where, error)) from None
-        data = (json.loads(response.data).get("data") or {}).get(credential.key)
+        data = (secret.get("data") or {}).get(credential.key)
         if data is None:
             raise credentials.CredentialUnavailable(f"{where} has no key {credential.key!r}")
         try:
