@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from batchpilot import __version__, explaining
 from batchpilot.api import documents, names
 from batchpilot.applying import credentials
-from batchpilot.kube import kubeconfigs
+from batchpilot.kube import logins
 from batchpilot.policy import governing
 from batchpilot_triton import endpoints
 
@@ -118,10 +118,10 @@ def _repository_credential(token_file: Path | None) -> credentials.CredentialSou
 
 
 def keep_the_kubernetes_client_out() -> None:
-    """Unless logging in needs it (`kubeconfigs`), make the Kubernetes client unimportable in
+    """Unless logging in needs it (`logins`), make the Kubernetes client unimportable in
     this process: kopf imports its models whenever it is installed (34 MiB), and the operator
     hands kopf dicts only. Called before kopf is first imported."""
-    if not kubeconfigs.login_needs_the_client():
+    if not logins.needs_the_client():
         sys.modules.setdefault("kubernetes", None)  # type: ignore[arg-type]
 
 

@@ -16,7 +16,7 @@ import kopf
 import pytest
 from aiohttp import web
 
-from batchpilot.kube import client, events, kubeconfigs
+from batchpilot.kube import client, events, logins
 from web_apps import ServeApp
 
 SECRET = "hunter2-do-not-repeat"
@@ -196,12 +196,12 @@ def test_outside_a_pod_it_logs_in_as_the_kubeconfig_s_user(
 ) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "config", {"token": "user-token"})))
-    assert not kubeconfigs.login_needs_the_client()
+    assert not logins.needs_the_client()
     info = client.login(service_account=tmp_path / "no-sa")
     assert (info.server, info.token) == ("https://127.0.0.1:6443", "user-token")
     exec_plugin = {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": "gcloud"}}
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "exec", exec_plugin)))
-    assert kubeconfigs.login_needs_the_client(), "only the client runs an exec plugin"
+    assert logins.needs_the_client(), "only the client runs an exec plugin"
 
 
 def test_the_operator_command_keeps_the_kubernetes_client_out_unless_logging_in_needs_it(

@@ -9,7 +9,7 @@ time holds nothing past it), an answer read to a size cap, and one error, `KubeE
 failed (a refusal, a connection, no answer in time, an answer too large).
 
 It uses no Kubernetes client library: that library's models cost the operator 34 MiB of
-memory (`kubeconfigs` says when the operator keeps it out: whenever logging in does not need it
+memory (`logins` says when the operator keeps it out: whenever logging in does not need it
 to run a kubeconfig's exec plugin).
 """
 
@@ -27,7 +27,7 @@ from typing import Any
 import aiohttp
 import kopf
 
-from batchpilot.kube import kubeconfigs
+from batchpilot.kube import logins
 
 logger = logging.getLogger("batchpilot.operator")
 
@@ -35,7 +35,7 @@ JSON = "application/json"
 MAX_ANSWER_BYTES = 4 * 1024 * 1024
 """The largest answer read: an object echoed back (a Secret is at most 1 MiB) and no more."""
 
-SERVICE_ACCOUNT = kubeconfigs.SERVICE_ACCOUNT
+SERVICE_ACCOUNT = logins.SERVICE_ACCOUNT
 
 
 class KubeError(Exception):
@@ -70,11 +70,11 @@ def login(
     """In a Pod its ServiceAccount, else the kubeconfig's current user (KUBECONFIG or
     ~/.kube/config), read afresh on each call (the kubelet rotates the token's file). A user
     without a credential of its own (an exec plugin) is logged in by the Kubernetes client,
-    which runs the plugin (`kubeconfigs`)."""
-    if kubeconfigs.in_cluster(service_account):
+    which runs the plugin (`logins`)."""
+    if logins.in_cluster(service_account):
         return _in_cluster(service_account)
     settings = kopf.OperatorSettings()
-    if kubeconfigs.login_needs_the_client(service_account):
+    if logins.needs_the_client(service_account):
         try:
             info = kopf.login_via_client(logger=logger, settings=settings)
         except ImportError:
