@@ -473,15 +473,22 @@ def test_keep_alive_clients_make_the_drain_ineffective_and_it_is_said_and_bounde
     condition = operators.condition(status_of(kube, namespace), "DrainIneffective")
     assert condition["status"] == "True", condition
     assert condition["reason"] == "RequestsKeptArriving"
-    # Each drain, as the operator measured it, waited the whole timeout and no more than its
-    # last look at the queue: the deadline is checked before each poll of the metrics page,
-    # which is bounded by the Triton deadline. (The reloads after it are Triton's, and how
-    # long they take on a loaded machine is the machine's: the rollout's length is printed.)
+    # Each drain, as the operator measured it, ended by the timeout or when requests stopped
+    # arriving, never later than its last look at the queue past the timeout: the deadline is
+    # checked before each poll of the metrics page, which is bounded by the Triton deadline.
+    # A drain the timeout ended waited all of it; one that began after the load (30 s) had
+    # stopped, on a slow machine, ended as the queue went quiet, before it. The first drain
+    # begins while the load runs: at least one met the timeout. (The reloads after it are
+    # Triton's, and their length on a loaded machine is the machine's: the rollout's is printed.)
     longest = drain_timeout + rollouts.DRAIN_POLL_SECONDS + responses.TRITON_DEADLINE_SECONDS
     drains = [_drain_of(warning) for warning in warnings]
     for seconds, verdict in drains:
-        assert verdict == "reloaded after drainTimeoutSeconds", warnings
-        assert drain_timeout <= seconds <= longest, f"a drain of {seconds} s: {warnings}"
+        assert verdict in ("reloaded after drainTimeoutSeconds", "reloaded"), warnings
+        if verdict == "reloaded after drainTimeoutSeconds":
+            assert drain_timeout <= seconds <= longest, f"a drain of {seconds} s: {warnings}"
+        else:
+            assert seconds < drain_timeout, f"a drain of {seconds} s: {warnings}"
+    assert any(verdict != "reloaded" for _, verdict in drains), f"no drain timed out: {warnings}"
     assert failed == 0
 
 
