@@ -14,7 +14,9 @@ arrives.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import functools
 import logging
 import secrets
 from typing import Any
@@ -36,10 +38,12 @@ def controller_of(memo: Any) -> operating.Controller:
 
 
 @kopf.on.login()
-def login(*, logger: kopf.Logger, **_: Any) -> kopf.ConnectionInfo:
+async def login(*, logger: kopf.Logger, **_: Any) -> kopf.ConnectionInfo:
     """kopf logs in as the operator's own client does (`kube.client.login`: in a Pod its
-    ServiceAccount, else the kubeconfig): one login for both."""
-    return client.login(logger=logger)
+    ServiceAccount, else the kubeconfig), off the event loop and within a deadline
+    (`kube.client.log_in`): one login for both."""
+    async with asyncio.timeout(client.LOGIN_SECONDS):
+        return await client.log_in(functools.partial(client.login, logger=logger))
 
 
 @kopf.on.startup()

@@ -9,6 +9,7 @@ import asyncio
 import datetime
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,36 @@ async def test_an_api_server_that_trickles_is_left_at_the_deadline_of_the_whole_
     await kube.close()
     assert (raised.value.status, str(raised.value)) == (None, "reading a Secret: no answer in time")
     assert waited < 10, "the trickle held the call"
+
+
+@pytest.mark.timeout(30)
+async def test_a_login_that_hangs_holds_neither_the_loop_nor_the_call_past_its_deadline() -> None:
+    """A kubeconfig's exec plugin that never answers: the Kubernetes client waits on it with no
+    deadline, so the login runs on a thread of its own and the call ends at its deadline."""
+    release = threading.Event()
+
+    def hangs() -> kopf.ConnectionInfo:
+        release.wait(20)
+        return kopf.ConnectionInfo(server="http://127.0.0.1:9")
+
+    kube = client.KubeClient(hangs, timeout=0.3)
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    ticking = asyncio.ensure_future(tick())
+    try:
+        with pytest.raises(client.KubeError) as raised:
+            await kube.request("reading a Secret", "GET", "/api/v1/namespaces/a/secrets/b")
+    finally:
+        release.set()
+        ticking.cancel()
+    assert (raised.value.status, raised.value.reason) == (None, "no answer in time")
+    assert ticks >= 5, "the event loop was held while logging in"
 
 
 @pytest.mark.timeout(30)

@@ -439,14 +439,14 @@ async def test_a_policy_whose_loop_ended_exports_no_series() -> None:
 def test_every_handler_kopf_calls_per_event_is_a_coroutine() -> None:
     # kopf runs a plain function in its thread pool: every Pod event would take a trip through
     # it, and a policy's wakeup (an asyncio.Event) would be set from a thread that is not the
-    # loop's. Only the login, called once, may be plain.
+    # loop's. The login is a coroutine too: it waits for its thread within a deadline.
     plain = [
         name
         for name, function in vars(handlers).items()
         if hasattr(function, "__module__")
         and getattr(function, "__module__", None) == handlers.__name__
         and callable(function)
-        and name not in {"controller_of", "login", "run", "_without_finalizers"}
+        and name not in {"controller_of", "run", "_without_finalizers"}
         and not asyncio.iscoroutinefunction(function)
     ]
     assert plain == []

@@ -16,6 +16,7 @@ to run a kubeconfig's exec plugin).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import os
@@ -109,6 +110,21 @@ async def _read_capped(response: aiohttp.ClientResponse, cap: int) -> bytes | No
     return bytes(answer)
 
 
+LOGIN_SECONDS = 30.0
+"""How long kopf's login waits (the client's own waits its call's deadline)."""
+
+_LOGINS = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kube-login")
+"""Logging in reads files, and may run a kubeconfig's exec plugin, which the Kubernetes client
+waits on with no deadline: on a thread of its own, one login at a time, so a hung plugin holds
+this thread only (later logins wait out their deadline in its queue), never the event loop or
+its default pool."""
+
+
+async def log_in(login: Callable[[], kopf.ConnectionInfo] = login) -> kopf.ConnectionInfo:
+    """`login()` off the event loop; callers bound the wait (`asyncio.timeout`)."""
+    return await asyncio.get_running_loop().run_in_executor(_LOGINS, login)
+
+
 class KubeClient:
     """Requests to the API server, each bounded as a whole; logs in again once on a 401 (a
     rotated ServiceAccount token)."""
@@ -125,8 +141,8 @@ class KubeClient:
         self.max_answer_bytes = max_answer_bytes
         self._session: aiohttp.ClientSession | None = None
 
-    def _connect(self) -> aiohttp.ClientSession:
-        info = self._login()
+    async def _connect(self) -> aiohttp.ClientSession:
+        info = await log_in(self._login)  # within the call's deadline (`_exchange`)
         return aiohttp.ClientSession(
             base_url=info.server,
             connector=aiohttp.TCPConnector(ssl=info.as_ssl_context(), limit=8),
@@ -172,7 +188,7 @@ class KubeClient:
         try:
             async with asyncio.timeout(self.timeout):
                 if self._session is None or self._session.closed:
-                    self._session = self._connect()
+                    self._session = await self._connect()
                 headers = {"Content-Type": content_type, "Accept": JSON}
                 async with self._session.request(
                     method, path, data=data, headers=headers
