@@ -162,19 +162,18 @@ class KubeClient:
         content_type: str = JSON,
     ) -> dict[str, Any]:
         """The API server's answer to `method path` (JSON), or KubeError."""
-        for attempt in ("first", "after logging in again"):
-            status, reason, answer = await self._exchange(what, method, path, body, content_type)
-            if status == 401 and attempt == "first":
-                await self.close()
-                continue
-            if status >= 400:
-                raise KubeError(what, status, reason or f"HTTP {status}")
-            try:
-                found = json.loads(answer) if answer else {}
-            except ValueError:
-                raise KubeError(what, None, "an answer that is not JSON") from None
-            return found if isinstance(found, dict) else {}
-        raise AssertionError("unreachable: the second attempt returns or raises")
+        exchange = (what, method, path, body, content_type)
+        status, reason, answer = await self._exchange(*exchange)
+        if status == 401:  # a rotated token: log in again, once
+            await self.close()
+            status, reason, answer = await self._exchange(*exchange)
+        if status >= 400:
+            raise KubeError(what, status, reason or f"HTTP {status}")
+        try:
+            found = json.loads(answer) if answer else {}
+        except ValueError:
+            raise KubeError(what, None, "an answer that is not JSON") from None
+        return found if isinstance(found, dict) else {}
 
     async def _exchange(
         self,
