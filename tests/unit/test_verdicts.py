@@ -214,6 +214,31 @@ def test_a_share_within_the_balancing_tolerance_refuses_nothing() -> None:
     assert judge(unknown).figures.canary_refused == 0.0, "no replica count: no share judged"
 
 
+def test_arrivals_a_canary_still_holds_in_its_queue_are_not_refused() -> None:
+    """A canary with a long queue delay and batches that never fill has counted few of its
+    arrivals when read: the rest wait in its queue (Triton's pending gauge), to be counted when
+    they end. They are not refused, so the verdict is its latency's, not a failure rate."""
+    holding = [
+        dataclasses.replace(
+            sample,
+            canary=dataclasses.replace(sample.canary, pending=100.0, p95_ms=2000.0),
+            baseline=dataclasses.replace(sample.baseline, pending=3.0),
+        )
+        for sample in shares(30.0)  # 60% of its share counted
+    ]
+    judged = judge(holding)
+    assert judged.figures.canary_refused == 0.0
+    assert judged.verdict == "Rollback"
+    assert judged.reason.startswith("p95 100.00x the baseline's")
+    emptied = [
+        dataclasses.replace(sample, canary=dataclasses.replace(sample.canary, pending=0.0))
+        for sample in holding
+    ]
+    refused = judge(emptied)
+    assert refused.figures.canary_refused == pytest.approx(241.0), "none held: it was refused"
+    assert refused.reason.startswith("failure rate")
+
+
 def test_readings_that_reach_back_into_the_reload_judge_no_share() -> None:
     """Right after the canary's reload its requests stalled: its first readings count less than
     its share without refusing anything (a good change was rolled back on them)."""

@@ -498,6 +498,7 @@ def _served(replica: Replica, context: Context, since: float) -> verdicts.Served
     return verdicts.Served(
         requests=share * sum(rates.counted.requests for rates in chosen),
         failures=share * sum(rates.counted.requests_failed for rates in chosen),
+        pending=sum(rates.pending for rates in chosen),
         p95_ms=worst(rates.p95_ms for rates in chosen),
         p99_ms=worst(rates.p99_ms for rates in chosen),
         ttft_p95_ms=worst(report.ttft_p95_ms for report in engines),
@@ -526,6 +527,7 @@ def _group(served: Sequence[verdicts.Served]) -> verdicts.Served:
         requests=sum(s.requests for s in served),
         failures=sum(s.failures for s in served),
         replicas=len(served),
+        pending=sum(s.pending for s in served),
         p95_ms=median([s.p95_ms for s in served if s.p95_ms is not None]),
         p99_ms=median([s.p99_ms for s in served if s.p99_ms is not None]),
         ttft_p95_ms=median([s.ttft_p95_ms for s in served if s.ttft_p95_ms is not None]),

@@ -23,7 +23,10 @@ group served since the previous reading. The verdict comes at the end of the ana
   full (`maxQueueSize`): the client gets a 503 and no metric or statistic of Triton's moves. Every
   replica of a fleet gets its share of the arrivals, so a canary that counted far fewer requests
   per replica than the baseline did (less than `1 - SHARE_TOLERANCE` of it) lost the rest before
-  Triton counted them, and they count as failed.
+  Triton counted them, and they count as failed. A request still waiting in a queue is not lost:
+  Triton counts it when it ends, so what each side holds at the last reading
+  (`nv_inference_pending_request_count`) counts with what it served. A canary whose long delay
+  holds its share in the queue is judged by its latency, not reported as refusing it.
 - **latency** quantiles are noisy (one slow second, one GC pause), so each reading gives a ratio
   of canary to its reference, and the window is judged by the median ratio: one slow reading,
   or fewer than half of them, cannot fail a canary, and no single fast one can pass it.
@@ -59,6 +62,8 @@ class Served:
     failures: float = 0.0
     replicas: int | None = None
     """How many replicas these figures are of; None when unknown (then no share is judged)."""
+    pending: float = 0.0
+    """Requests waiting in these replicas' queues at the reading: arrived, not yet counted."""
     p95_ms: float | None = None
     p99_ms: float | None = None
     ttft_p95_ms: float | None = None
@@ -217,12 +222,18 @@ def _refused(samples: Sequence[Sample]) -> float:
     """The requests the canary did not count of its share of the arrivals (see the module's
     docstring), over the window; 0 while its count is within SHARE_TOLERANCE of its share."""
     counted = share = 0.0
+    held = held_share = 0.0
     for sample in samples:
         canary, baseline = sample.canary, sample.baseline
         if not sample.settled or not canary.replicas or not baseline.replicas:
             continue  # the reload's readings, or no replica count: no share to judge by
         counted += canary.requests
         share += baseline.requests / baseline.replicas * canary.replicas
+        # What the queues hold at the last reading is counted when it ends: arrived, not refused.
+        held = canary.pending
+        held_share = baseline.pending / baseline.replicas * canary.replicas
+    counted += held
+    share += held_share
     if counted >= (1 - SHARE_TOLERANCE) * share:
         return 0.0
     return share - counted
