@@ -389,9 +389,10 @@ class GpuMonitor:
             )
 
     async def close(self) -> None:
-        # The process is ending: a driver that hangs must not hold it.
+        # The process is ending: a driver that hangs must not hold it (a daemon thread: nothing
+        # joins it at exit).
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.to_thread(self.nvml.close), self.timeout)
+            await asyncio.wait_for(threads.in_a_daemon_thread(self.nvml.close), self.timeout)
         if self._session is not None:
             await self._session.close()
             self._session = None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -397,6 +399,34 @@ async def test_a_hanging_driver_costs_a_read_its_deadline_and_one_thread_not_one
     finally:
         nvml.release.set()
         await monitor.close()
+
+
+HUNG_DRIVER = """
+import asyncio, threading
+from batchpilot_sidecar import gpus
+
+class HungDriver:
+    def read(self): threading.Event().wait()
+    def close(self): threading.Event().wait()
+
+async def main():
+    monitor = gpus.GpuMonitor(HungDriver(), timeout=0.2)
+    print((await monitor.read()).reason, flush=True)
+    await monitor.close()
+
+asyncio.run(main())
+print("ended", flush=True)
+"""
+
+
+def test_a_hung_driver_does_not_keep_the_sidecar_from_ending() -> None:
+    """Its read and its close never return: each costs its deadline, and the process still ends
+    (a thread of the loop's default pool would be joined at exit, for ever)."""
+    ended = subprocess.run(
+        [sys.executable, "-c", HUNG_DRIVER], capture_output=True, text=True, timeout=30
+    )
+    assert ended.returncode == 0, ended.stderr
+    assert ended.stdout.splitlines() == ["NVML did not answer within 0.2 s", "ended"]
 
 
 @pytest.mark.parametrize(
