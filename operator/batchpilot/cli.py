@@ -342,7 +342,11 @@ def build_parser() -> argparse.ArgumentParser:
         "operator",
         help="run the Kubernetes operator (kopf) that makes Triton Pods follow BatchPolicies",
         description="Reconcile every BatchPolicy: on changes, when target Pods change, at each "
-        "scheduled transition and every --interval seconds. Runs until SIGTERM.",
+        "scheduled transition and every --interval seconds. Runs until SIGTERM. Logs in with "
+        "the Pod's ServiceAccount in a cluster, else as the kubeconfig's current user (KUBECONFIG "
+        "or ~/.kube/config): its token or certificate, or what its exec plugin prints (run with "
+        f"a {logins.EXEC_SECONDS:g} s deadline); a legacy auth provider without a token needs "
+        "`pip install kubernetes`.",
     )
     operator.add_argument(
         "--namespace",

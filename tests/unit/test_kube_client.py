@@ -230,9 +230,89 @@ def test_outside_a_pod_it_logs_in_as_the_kubeconfig_s_user(
     assert not logins.needs_the_client()
     info = client.login(service_account=tmp_path / "no-sa")
     assert (info.server, info.token) == ("https://127.0.0.1:6443", "user-token")
+    provider = {"auth-provider": {"name": "oidc", "config": {"idp-issuer-url": "https://x"}}}
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "provider", provider)))
+    assert logins.needs_the_client(), "only the client refreshes a legacy auth provider"
     exec_plugin = {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": "gcloud"}}
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "exec", exec_plugin)))
-    assert logins.needs_the_client(), "only the client runs an exec plugin"
+    assert not logins.needs_the_client(), "an exec plugin is run without the client"
+
+
+def plugin(folder: Path, body: str) -> Path:
+    """An exec plugin: a Python script, executable, in `folder`/bin."""
+    script = folder / "bin" / "get-token"
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text(f"#!{sys.executable}\nimport json, os, subprocess, sys, time\n{body}\n")
+    script.chmod(0o755)
+    return script
+
+
+def test_an_exec_plugin_is_run_with_its_arguments_and_env_and_its_credential_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plugin(
+        tmp_path,
+        "info = json.loads(os.environ['KUBERNETES_EXEC_INFO'])\n"
+        "print(json.dumps({'kind': 'ExecCredential', 'status': {\n"
+        "    'token': '-'.join([sys.argv[1], os.environ['CLUSTER'], info['apiVersion']]),\n"
+        "    'expirationTimestamp': '2026-11-29T01:00:00Z'}}))",
+    )
+    exec_plugin = {
+        "exec": {
+            "apiVersion": "client.authentication.k8s.io/v1",
+            "command": "./bin/get-token",  # relative to the kubeconfig's folder, as kubectl has it
+            "args": ["eks"],
+            "env": [{"name": "CLUSTER", "value": "prod"}],
+        }
+    }
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "config", exec_plugin)))
+    info = client.login(service_account=tmp_path / "no-sa")
+    assert (info.server, info.token) == (
+        "https://127.0.0.1:6443", "eks-prod-client.authentication.k8s.io/v1"
+    )  # fmt: skip
+    assert info.expiration == datetime.datetime(2026, 11, 29, 1, tzinfo=datetime.UTC)
+
+
+@pytest.mark.timeout(30)
+def test_an_exec_plugin_that_hangs_is_killed_at_its_deadline_with_what_it_started(
+    tmp_path: Path,
+) -> None:
+    """The plugin hangs, and so does a child it started that holds its output open: waiting for
+    that output to end would wait for ever, so the plugin's whole session is killed."""
+    hangs = plugin(tmp_path, "subprocess.Popen(['sleep', '600'])\ntime.sleep(600)")
+    with pytest.raises(logins.LoginFailed) as failed:
+        logins.run_exec_plugin({"command": str(hangs)}, folder=tmp_path, timeout=0.5)
+    assert str(failed.value) == "the exec plugin get-token did not answer within 0.5 s"
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        (
+            "print('token endpoint unreachable', file=sys.stderr); sys.exit(3)",
+            "the exec plugin get-token exited with 3: token endpoint unreachable",
+        ),
+        (
+            "print('Please log in at https://...')",
+            "the exec plugin get-token printed no ExecCredential (not JSON)",
+        ),
+        (
+            "print(json.dumps({'status': {'expirationTimestamp': '2026-11-29T01:00:00Z'}}))",
+            "the exec plugin get-token printed neither a token nor a client certificate and key",
+        ),
+    ],
+)
+def test_an_exec_plugin_that_fails_says_how_and_kopf_gets_a_login_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str, said: str
+) -> None:
+    command = plugin(tmp_path, body)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    user = {"exec": {"command": str(command)}}
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "config", user)))
+    with pytest.raises(kopf.LoginError) as failed:
+        client.login(service_account=tmp_path / "no-sa")
+    assert str(failed.value) == said
 
 
 def test_the_operator_command_keeps_the_kubernetes_client_out_unless_logging_in_needs_it(
@@ -243,7 +323,13 @@ def test_the_operator_command_keeps_the_kubernetes_client_out_unless_logging_in_
         "import sys; from batchpilot import cli; cli.keep_the_kubernetes_client_out();"
         " import kopf, batchpilot.handlers; print(sys.modules.get('kubernetes') is not None)"
     )
-    for user, loaded in (({"token": "t"}, "False"), ({"exec": {"command": "gcloud"}}, "True")):
+    provider = {"auth-provider": {"name": "oidc", "config": {}}}
+    users = (
+        ({"token": "t"}, "False"),
+        ({"exec": {"command": "gcloud"}}, "False"),
+        (provider, "True"),
+    )
+    for user, loaded in users:
         environment = {"KUBECONFIG": str(kubeconfig(tmp_path / f"config-{loaded}", user))}
         printed = subprocess.run(
             [sys.executable, "-c", probe], capture_output=True, text=True, check=True,

@@ -9,14 +9,15 @@ time holds nothing past it), an answer read to a size cap, and one error, `KubeE
 failed (a refusal, a connection, no answer in time, an answer too large).
 
 It uses no Kubernetes client library: that library's models cost the operator 34 MiB of
-memory (`logins` says when the operator keeps it out: whenever logging in does not need it
-to run a kubeconfig's exec plugin).
+memory (`logins` says when the operator keeps it out: unless a kubeconfig's legacy auth
+provider needs it to log in).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import json
 import logging
 import os
@@ -69,9 +70,10 @@ def login(
     *, logger: logging.Logger | kopf.Logger = logger, service_account: Path = SERVICE_ACCOUNT
 ) -> kopf.ConnectionInfo:
     """In a Pod its ServiceAccount, else the kubeconfig's current user (KUBECONFIG or
-    ~/.kube/config), read afresh on each call (the kubelet rotates the token's file). A user
-    without a credential of its own (an exec plugin) is logged in by the Kubernetes client,
-    which runs the plugin (`logins`)."""
+    ~/.kube/config), read afresh on each call (the kubelet rotates the token's file): its
+    token or certificate, or what its exec plugin prints (run here, with a deadline:
+    `logins.run_exec_plugin`). Only a legacy auth provider without a token is logged in by the
+    Kubernetes client (`logins.needs_the_client`)."""
     if logins.in_cluster(service_account):
         return _in_cluster(service_account)
     settings = kopf.OperatorSettings()
@@ -80,13 +82,25 @@ def login(
             info = kopf.login_via_client(logger=logger, settings=settings)
         except ImportError:
             raise kopf.LoginError(
-                "the kubeconfig's user logs in through a plugin, which needs the Kubernetes"
-                " client library (pip install kubernetes)"
+                "the kubeconfig's user logs in through an auth provider, which needs the"
+                " Kubernetes client library (pip install kubernetes)"
             ) from None
     else:
         info = kopf.login_with_kubeconfig(settings=settings)
     if info is None:
         raise kopf.LoginError("no ServiceAccount token and no kubeconfig: cannot log in")
+    try:
+        credential = logins.exec_plugin_credential()
+    except logins.LoginFailed as failed:
+        raise kopf.LoginError(str(failed)) from None
+    if credential is not None:
+        info = dataclasses.replace(
+            info,
+            token=credential.token,
+            certificate_data=credential.client_certificate_data,
+            private_key_data=credential.client_key_data,
+            expiration=credential.expiration,
+        )
     return info
 
 
@@ -114,10 +128,9 @@ LOGIN_SECONDS = 30.0
 """How long kopf's login waits (the client's own waits its call's deadline)."""
 
 _LOGINS = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kube-login")
-"""Logging in reads files, and may run a kubeconfig's exec plugin, which the Kubernetes client
-waits on with no deadline: on a thread of its own, one login at a time, so a hung plugin holds
-this thread only (later logins wait out their deadline in its queue), never the event loop or
-its default pool."""
+"""Logging in reads files and may run a kubeconfig's exec plugin (for up to
+`logins.EXEC_SECONDS`, or the Kubernetes client's auth provider, with no deadline): on a thread
+of its own, one login at a time, never on the event loop or its default pool."""
 
 
 async def log_in(login: Callable[[], kopf.ConnectionInfo] = login) -> kopf.ConnectionInfo:
