@@ -239,6 +239,28 @@ def test_arrivals_a_canary_still_holds_in_its_queue_are_not_refused() -> None:
     assert refused.reason.startswith("failure rate")
 
 
+def test_a_queue_that_releases_held_batches_is_not_refusing_between_them() -> None:
+    """A long delay releases the canary's requests a batch at a time: a reading just after a
+    batch left finds its queue empty while its pro-rated count lags by that batch (an e2e canary
+    of a 3.5-s delay was rolled back for refusing 26 requests nobody saw fail). The most the
+    queue held at a settled reading counts as arrived."""
+    sawtooth = [
+        dataclasses.replace(
+            sample,
+            canary=dataclasses.replace(sample.canary, pending=pending, p95_ms=3000.0),
+        )
+        for sample, pending in zip(shares(20.0, count=3), (45.0, 90.0, 0.0), strict=True)
+    ]
+    judged = judge(sawtooth)
+    assert judged.figures.canary_refused == 0.0, judged.reason
+    assert judged.verdict is None, "three readings of a 60-s window: still analysing"
+    never_held = [
+        dataclasses.replace(sample, canary=dataclasses.replace(sample.canary, pending=0.0))
+        for sample in sawtooth
+    ]
+    assert judge(never_held).figures.canary_refused == pytest.approx(90.0)
+
+
 def test_readings_that_reach_back_into_the_reload_judge_no_share() -> None:
     """Right after the canary's reload its requests stalled: its first readings count less than
     its share without refusing anything (a good change was rolled back on them)."""

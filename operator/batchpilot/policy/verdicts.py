@@ -24,9 +24,12 @@ group served since the previous reading. The verdict comes at the end of the ana
   replica of a fleet gets its share of the arrivals, so a canary that counted far fewer requests
   per replica than the baseline did (less than `1 - SHARE_TOLERANCE` of it) lost the rest before
   Triton counted them, and they count as failed. A request still waiting in a queue is not lost:
-  Triton counts it when it ends, so what each side holds at the last reading
-  (`nv_inference_pending_request_count`) counts with what it served. A canary whose long delay
-  holds its share in the queue is judged by its latency, not reported as refusing it.
+  Triton counts it when it ends, so what each side holds (`nv_inference_pending_request_count`)
+  counts with what it served: for the canary, the most its queue held at any settled reading,
+  because a long delay releases its requests in batches, and a count pro-rated from a rolling
+  window can fall a whole batch behind the arrivals (or be read while one executes, neither
+  pending nor counted). A canary whose long delay holds its share in the queue is judged by its
+  latency, not reported as refusing it.
 - **latency** quantiles are noisy (one slow second, one GC pause), so each reading gives a ratio
   of canary to its reference, and the window is judged by the median ratio: one slow reading,
   or fewer than half of them, cannot fail a canary, and no single fast one can pass it.
@@ -229,8 +232,9 @@ def _refused(samples: Sequence[Sample]) -> float:
             continue  # the reload's readings, or no replica count: no share to judge by
         counted += canary.requests
         share += baseline.requests / baseline.replicas * canary.replicas
-        # What the queues hold at the last reading is counted when it ends: arrived, not refused.
-        held = canary.pending
+        # What a queue holds is counted when it ends: arrived, not refused (the module's
+        # docstring says why the canary's is the most it held).
+        held = max(held, canary.pending)
         held_share = baseline.pending / baseline.replicas * canary.replicas
     counted += held
     share += held_share
