@@ -284,10 +284,16 @@ def test_a_pod_created_while_the_webhook_is_down_serves_ungoverned_until_replace
     )
     print(f"Pods serving with the webhook down: 2 of 2 ({first_ip}, {late_ip})")
 
-    # Back up: the operator governs the Pod it injected and leaves the other one alone.
+    # Back up: the operator governs the Pod it injected and leaves the other one alone, and the
+    # policy's status names the one it cannot switch, and what to do.
     operator = joining.start_operator()
     waiting.wait_for("two passes of the policy", lambda: operator.decisions_made() >= 2, timeout=30)
-    assert (operators.policy_status(kube, namespace, "triton").get("targets") or {})["total"] == 1
+    status = operators.policy_status(kube, namespace, "triton")
+    assert (status.get("targets") or {})["total"] == 1
+    not_injected = operators.condition(status, "PodsNotInjected")
+    assert (not_injected["status"], not_injected["reason"]) == ("True", "CreatedWithoutInjection")
+    assert not_injected["message"].startswith(f"{late.metadata.name}: opted in ("), not_injected
+    assert "Delete them: their replacements are injected" in not_injected["message"]
     assert fleet.served_profile(first_ip) == "bulk"
     assert fleet.served_profile(late_ip) is None  # the repository's own configuration
     assert fleet.ready_endpoints(kube, namespace, "triton") == {first_ip, late_ip}
@@ -299,3 +305,14 @@ def test_a_pod_created_while_the_webhook_is_down_serves_ungoverned_until_replace
     )
     ips = {name: pod.status.pod_ip for name, pod in replaced.items()}
     waiting.wait_for("bulk on both", fleet.everyone_serves(ips, "bulk"), timeout=60)
+    # The replacement's arrival has the namespace listed again: nothing left uninjected.
+    waiting.wait_for(
+        "PodsNotInjected False",
+        lambda: (
+            operators.condition(
+                operators.policy_status(kube, namespace, "triton"), "PodsNotInjected"
+            ).get("status")
+            == "False"
+        ),
+        timeout=30,
+    )

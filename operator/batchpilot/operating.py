@@ -358,6 +358,8 @@ class Controller:
         elif self.pods_seen.get(uid) == fingerprint:
             return
         else:
+            if uid not in self.pods_seen and self.pods is not None:
+                self.pods.governed_pod_appeared(namespace)
             self.pods_seen[uid] = fingerprint
         labels = metadata.get("labels") or {}
         for policy, selector in index.get(namespace, []):
@@ -435,6 +437,7 @@ def build_controller(options: Options) -> Controller:
         settle_seconds=options.settle_seconds,
         credential_source=secret_credentials.SecretCredentials(kube),
         limits=options.limits,
+        not_injected=pods,
     )
     controller = Controller(
         options=options,

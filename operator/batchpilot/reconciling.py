@@ -44,6 +44,13 @@ class ReplicaSource(Protocol):
     ) -> tuple[list[Replica], list[str]]: ...
 
 
+class NotInjectedSource(Protocol):
+    async def not_injected(self, namespace: str, selector: specs.LabelSelector) -> list[str]:
+        """Pods the selector matches that opted into the admission webhook and were created
+        without its injection (`kube.pods`)."""
+        ...
+
+
 class SignalSource(Protocol):
     async def read(self) -> sources.Reading: ...
 
@@ -191,6 +198,7 @@ class _Observed:
     lead: leads.Lead
     credential_problem: str | None = None
     limited: tuple[str, ...] = ()
+    not_injected: tuple[str, ...] = ()
 
 
 def _wake_at(decision: decisions.Decision | None) -> datetime.datetime | None:
@@ -232,8 +240,11 @@ class Reconciler:
         governors: GovernorSource | None = None,
         credential_source: credentials.CredentialSource | None = None,
         limits: governing.Limits | None = None,
+        not_injected: NotInjectedSource | None = None,
     ) -> None:
         self.replica_source = replicas
+        self.not_injected = not_injected
+        """None where no webhook injects Pods (the runner): nothing to find."""
         self.gates = gates
         self.fleet = fleet
         self.signal_source = signal_source
@@ -330,6 +341,7 @@ class Reconciler:
             skipped=observed.skipped,
             contested=observed.contested,
             limited=observed.limited,
+            not_injected=observed.not_injected,
             result=result,
             lead=observed.lead,
             measured_wave_seconds=state.planned_wave_seconds(self.contention),
@@ -387,7 +399,22 @@ class Reconciler:
             contended_wave_seconds=state.contended_wave_seconds(self.contention),
             through_canary=canaries.leads_through_canary(policy, state.canary),
         )
-        return _Observed(replicas, skipped, contested, survey, reading, lead, problem, limited)
+        not_injected = (
+            await self.not_injected.not_injected(namespace, policy.target.selector)
+            if self.not_injected is not None
+            else []
+        )
+        return _Observed(
+            replicas,
+            skipped,
+            contested,
+            survey,
+            reading,
+            lead,
+            problem,
+            limited,
+            tuple(not_injected),
+        )
 
     def _within_limits(
         self, namespace: str, name: str, governed: list[Replica]

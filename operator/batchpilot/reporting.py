@@ -61,6 +61,9 @@ class Findings:
     """Pods the selector matched that an older policy governs (`batchpilot.policy.governing`)."""
     limited: Sequence[str] = ()
     """What the operator's limits (`reconciling.Limits`) kept this policy from governing."""
+    not_injected: Sequence[str] = ()
+    """Pods it selects that opted into the admission webhook and were created without its
+    injection (`kube.pods`): batchpilot cannot switch them."""
     result: rollouts.Result | None = None
     """What the rollout did (or, in a dry run, would have left alone)."""
     signal_problems: tuple[str, ...] = ()
@@ -118,6 +121,7 @@ def _invalid(
         "LeadTimeInsufficient": (False, "InvalidSpec", ""),
         "DrainIneffective": (False, "InvalidSpec", ""),
         "PodsContested": (False, "InvalidSpec", ""),
+        "PodsNotInjected": (False, "InvalidSpec", ""),
         "LimitExceeded": (False, "InvalidSpec", ""),
         "CredentialRefused": (False, "InvalidSpec", ""),
         "CanaryFailed": (False, "InvalidSpec", ""),
@@ -150,6 +154,7 @@ def _decided(
         "LeadTimeInsufficient": lead_time_insufficient(policy, findings.lead),
         "DrainIneffective": drain_ineffective(findings.result, previous),
         "PodsContested": pods_contested(findings.contested),
+        "PodsNotInjected": pods_not_injected(findings.not_injected),
         "LimitExceeded": limit_exceeded(findings.limited),
         "CredentialRefused": credential_refused(findings),
         "CanaryFailed": canary_failed(findings.canary_failure),
@@ -295,6 +300,22 @@ def pods_contested(contested: Sequence[str]) -> Wanted:
     )
 
 
+def pods_not_injected(pods: Sequence[str]) -> Wanted:
+    if not pods:
+        return False, "AllInjected", ""
+    named = ", ".join(pods)
+    if len(pods) > 1 and pods[-1].endswith("more"):  # `kube.pods.NotInjected.selected_by`
+        named = f"{', '.join(pods[:-1])} and {pods[-1]}"
+    return (
+        True,
+        "CreatedWithoutInjection",
+        f"{named}: opted in ({names.INJECT_SELECTOR}) but created while the admission "
+        "webhook did not answer (no operator ran, or it timed out), so without the sidecar, the "
+        f"readiness gate and {names.GOVERNED_SELECTOR}: batchpilot cannot switch them, and they "
+        "serve their repository's configuration. Delete them: their replacements are injected",
+    )
+
+
 def limit_exceeded(limited: Sequence[str]) -> Wanted:
     if not limited:
         return False, "WithinLimits", ""
@@ -419,6 +440,9 @@ def notices(findings: Findings) -> list[Notice]:
         holds, _, message = pods_contested(findings.contested)
         event = Event("Warning", "PodsContested", message) if holds else None
         found.append(Notice(event, key="PodsContested"))
+        holds, _, message = pods_not_injected(findings.not_injected)
+        event = Event("Warning", "PodsNotInjected", message) if holds else None
+        found.append(Notice(event, key="PodsNotInjected"))
         holds, _, message = limit_exceeded(findings.limited)
         event = Event("Warning", "LimitExceeded", message) if holds else None
         found.append(Notice(event, key="LimitExceeded"))

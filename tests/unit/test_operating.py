@@ -10,6 +10,7 @@ from typing import Any
 import kopf
 import operator_fakes
 import pytest
+from aiohttp import web
 from kopf._cogs.structs import references as kopf_references
 
 from batchpilot import handlers, operating, reconciling, reporting, telemetry
@@ -266,6 +267,107 @@ def test_pod_changes_poke_only_the_policies_that_select_the_pod() -> None:
     }
     subject.pod_changed(namespace="ns", pod=restarted, event_type="MODIFIED", index=index)  # type: ignore[arg-type]
     assert subject.wakeup("ns", "fleet").is_set()
+
+
+class ListingApi:
+    """An API server answering Pod LISTs with `pods` (a page of `limit`), recording each query."""
+
+    def __init__(self, *pods: dict[str, Any], more: bool = False) -> None:
+        self.pods = list(pods)
+        self.more = more
+        self.failing = False
+        self.queries: list[dict[str, str]] = []
+
+    async def answer(self, request: web.Request) -> web.Response:
+        self.queries.append({"path": request.path, **request.query})
+        if self.failing:
+            return web.json_response({"message": "etcd is down"}, status=503)
+        metadata = {"continue": "page-2"} if self.more else {}
+        return web.json_response({"items": self.pods, "metadata": metadata})
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/api/v1/namespaces/{namespace}/pods", self.answer)
+        return app
+
+
+def listed_pod(name: str, phase: str = "Running", **metadata: Any) -> dict[str, Any]:
+    labels = {"app": "triton", names.INJECT_LABEL: names.INJECT_VALUE}
+    return {"metadata": {"name": name, "labels": labels, **metadata}, "status": {"phase": phase}}
+
+
+async def test_pods_created_without_injection_are_listed_by_a_selector_that_matches_only_them(
+    serve_app: Any,
+) -> None:
+    api = ListingApi(
+        listed_pod("triton-late"),
+        listed_pod("triton-going", deletionTimestamp="2026-11-29T00:00:00Z"),
+        listed_pod("triton-done", phase="Succeeded"),
+        {**listed_pod("other"), "metadata": {"name": "other", "labels": {"app": "other"}}},
+    )
+    url = await serve_app(api.app())
+    now = [1000.0]
+    reader = kube_pods.Pods(
+        client.KubeClient(lambda: kopf.ConnectionInfo(server=url)), clock=lambda: now[0]
+    )
+    selector = specs.LabelSelector.model_validate({"matchLabels": {"app": "triton"}})
+    try:
+        assert await reader.not_injected("team-a", selector) == ["triton-late"]
+        assert api.queries == [
+            {
+                "path": "/api/v1/namespaces/team-a/pods",
+                "labelSelector": "batchpilot.dev/inject=true,batchpilot.dev/governed!=true",
+                "limit": str(kube_pods.NOT_INJECTED_LISTED),
+                "resourceVersion": "0",
+            }
+        ]
+        # Every policy's pass asks; the namespace is listed again only when its list is old...
+        now[0] += kube_pods.NOT_INJECTED_EVERY_SECONDS - 1
+        await reader.not_injected("team-a", selector)
+        assert len(api.queries) == 1
+        now[0] += 1
+        api.pods, api.more = [listed_pod("a"), listed_pod("b")], True
+        assert await reader.not_injected("team-a", selector) == ["a", "b", "more"]
+        assert len(api.queries) == 2
+        now[0] += kube_pods.NOT_INJECTED_EVERY_SECONDS
+        api.pods, api.more = [listed_pod(f"p{number:02}") for number in range(12)], False
+        named = await reader.not_injected("team-a", selector)
+        assert named == [f"p{number:02}" for number in range(10)] + ["2 more"]
+        assert reporting.pods_not_injected(named)[2].startswith(
+            "p00, p01, p02, p03, p04, p05, p06, p07, p08, p09 and 2 more: "
+        )
+        # ... or when a governed Pod appeared there (a replacement), once in a few seconds.
+        reader.governed_pod_appeared("team-a")
+        await reader.not_injected("team-a", selector)
+        assert len(api.queries) == 3, "listed less than NOT_INJECTED_AT_MOST_EVERY_SECONDS ago"
+        now[0] += kube_pods.NOT_INJECTED_AT_MOST_EVERY_SECONDS
+        api.pods, api.more = [], False
+        assert await reader.not_injected("team-a", selector) == []
+        assert len(api.queries) == 4
+        # A failed LIST keeps what was known and is not retried at every pass.
+        api.failing = True
+        now[0] += kube_pods.NOT_INJECTED_EVERY_SECONDS
+        assert await reader.not_injected("team-a", selector) == []
+        assert await reader.not_injected("team-a", selector) == []
+        assert len(api.queries) == 5
+    finally:
+        await reader._client.close()
+
+
+def test_a_governed_pod_seen_for_the_first_time_has_its_namespace_listed_again() -> None:
+    subject = controller(ScriptedReconciler(), Recorder())
+    appeared: list[str] = []
+
+    class Reader(kube_pods.Pods):
+        def governed_pod_appeared(self, namespace: str) -> None:
+            appeared.append(namespace)
+
+    subject.pods = Reader(client.KubeClient())
+    pod = {"metadata": {"uid": "u1", "labels": {"app": "triton"}}, "status": {"podIP": "10.0.0.1"}}
+    changed = {**pod, "status": {"podIP": "10.0.0.2"}}
+    for seen in (pod, pod, changed):
+        subject.pod_changed(namespace="ns", pod=seen, event_type="MODIFIED", index={})
+    assert appeared == ["ns"], "once, when it first appears"
 
 
 @pytest.mark.parametrize(

@@ -527,6 +527,49 @@ async def test_a_deleted_policy_whose_target_says_nothing_opens_nothing() -> Non
     assert gates.changes == []
 
 
+class FakeNotInjected:
+    """Pods that opted into the webhook and were created without it, by name and labels."""
+
+    def __init__(self, **pods: dict[str, str]) -> None:
+        self.pods = pods
+        self.asked: list[tuple[str, dict[str, Any]]] = []
+
+    async def not_injected(self, namespace: str, selector: Any) -> list[str]:
+        wanted = selector.model_dump(by_alias=True)
+        self.asked.append((namespace, wanted))
+        return sorted(
+            name for name, labels in self.pods.items() if governing.selects(wanted, labels)
+        )
+
+
+async def test_pods_created_without_the_webhook_s_injection_are_named_in_the_status_once() -> None:
+    """Opted in by label, created while the webhook did not answer: batchpilot cannot switch
+    them; the status and one event say so, and which, until they are gone."""
+    targets, fleet = two_servers()
+    subject = reconciler(targets, fleet)
+    late = FakeNotInjected(**{"triton-late": {"app": "triton"}, "other-app": {"app": "other"}})
+    subject.not_injected = late
+    spec = spec_document(target={"selector": {"matchLabels": {"app": "triton"}}, "port": "http"})
+    state = reconciling.PolicyMemory()
+    status: dict[str, Any] = {}
+    events: list[str] = []
+    for _ in range(3):
+        outcome = await reconcile(subject, spec, status=status, state=state)
+        status, events = outcome.status, events + [event.reason for event in outcome.events]
+    assert late.asked[0] == ("ns", {"matchLabels": {"app": "triton"}, "matchExpressions": []})
+    assert conditions(status)["PodsNotInjected"] == ("True", "CreatedWithoutInjection")
+    message = next(c["message"] for c in status["conditions"] if c["type"] == "PodsNotInjected")
+    assert message.startswith("triton-late: opted in (batchpilot.dev/inject=true) but created")
+    assert "other-app" not in message, "only the Pods its selector matches"
+    assert message.endswith("Delete them: their replacements are injected")
+    assert events.count("PodsNotInjected") == 1  # a standing problem, said once
+    assert conditions(status)["Ready"] == ("True", "RolledOut"), "the Pods it governs are fine"
+
+    late.pods.clear()  # deleted, and replaced by an injected Pod
+    outcome = await reconcile(subject, spec, status=status, state=state)
+    assert conditions(outcome.status)["PodsNotInjected"] == ("False", "AllInjected")
+
+
 @pytest.mark.looptime
 async def test_two_policies_selecting_one_pod_do_not_flap_it_the_older_governs() -> None:
     labelled = [

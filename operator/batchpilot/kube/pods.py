@@ -18,23 +18,49 @@ The Pods are read from memory, not from the API: kopf watches every opted-in Pod
 namespaces the operator serves and keeps a trimmed copy of each in an index
 (`handlers.pods_by_namespace`, filled before any policy's loop starts), so a pass costs no
 request however many policies there are. Only the gate is written through the API.
+
+One kind of Pod the watch cannot see: one whose template opted into the admission webhook
+(`names.INJECT_LABEL`) but that was created while the webhook did not answer (no operator ran,
+or it timed out: `failurePolicy: Ignore` admits it as written). It has no governed label, no
+sidecar and no gate, serves its repository's configuration, and nothing batchpilot does reaches
+it. `Pods.not_injected` finds such Pods with one small LIST per namespace (a label selector
+that matches only them, normally nothing), at most every NOT_INJECTED_EVERY_SECONDS and again
+soon after a governed Pod appears there (a replacement), so the policy's status can say so.
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime
-from collections.abc import Iterable, Mapping
+import logging
+import time
+import urllib.parse
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from batchpilot.api import names
 from batchpilot.api.v1alpha1 import specs
 from batchpilot.applying.replicas import Replica, ServingContainer
-from batchpilot.kube.client import KubeClient, namespaced
+from batchpilot.kube.client import KubeClient, KubeError, namespaced
 from batchpilot.policy import governing
+
+logger = logging.getLogger("batchpilot.operator")
 
 GATE = names.CONFIG_APPLIED_GATE
 NO_POLICY_SELECTS = "no batchpilot policy selects this Pod any more"
 STRATEGIC_MERGE = "application/strategic-merge-patch+json"
+
+NOT_INJECTED_SELECTOR = f"{names.INJECT_SELECTOR},{names.GOVERNED_LABEL}!={names.GOVERNED_VALUE}"
+"""The Pods that opted into the webhook and did not get its injection."""
+NOT_INJECTED_EVERY_SECONDS = 60.0
+"""How old a namespace's list of them may grow before a pass lists again."""
+NOT_INJECTED_AT_MOST_EVERY_SECONDS = 5.0
+"""However often governed Pods appear, one LIST per namespace in this time at most."""
+NOT_INJECTED_LISTED = 50
+"""The most such Pods a LIST asks for (a page); where the API server had more, "more" says so."""
+NOT_INJECTED_NAMED = 10
+"""The most of them a status names."""
 
 
 PodIndex = Mapping[str | None, Iterable[Mapping[str, Any]]]
@@ -198,15 +224,95 @@ def replicas_from_pods(
     return sorted(found, key=lambda t: t.name), skipped
 
 
+@dataclass(frozen=True)
+class NotInjected:
+    """A namespace's Pods that opted into the webhook and were created without its injection,
+    as one LIST found them: each name with its labels, and whether there were more."""
+
+    listed_at: float
+    pods: tuple[tuple[str, Mapping[str, str]], ...] = ()
+    more: bool = False
+
+    def selected_by(self, selector: Mapping[str, Any]) -> list[str]:
+        """The names the selector matches, NOT_INJECTED_NAMED at most, then how many more."""
+        found = sorted(name for name, labels in self.pods if governing.selects(selector, labels))
+        named, rest = found[:NOT_INJECTED_NAMED], len(found) - NOT_INJECTED_NAMED
+        if rest > 0:
+            return [*named, f"{rest}{'+' if self.more else ''} more"]
+        return [*named, "more"] if found and self.more else named
+
+
+def not_injected_in(answer: Mapping[str, Any], listed_at: float) -> NotInjected:
+    """The names and labels of a LIST's Pods, those still running or starting."""
+    pods = tuple(
+        (str(metadata["name"]), dict(metadata.get("labels") or {}))
+        for pod in answer.get("items") or []
+        if (metadata := pod.get("metadata") or {}).get("name")
+        and not metadata.get("deletionTimestamp")
+        and (pod.get("status") or {}).get("phase") in ("Pending", "Running")
+    )
+    more = bool((answer.get("metadata") or {}).get("continue"))
+    return NotInjected(listed_at=listed_at, pods=pods, more=more)
+
+
 class Pods:
     """Reads a policy's Pods from the watch-fed index and writes their gate condition through
     the Kubernetes API."""
 
-    def __init__(self, client: KubeClient) -> None:
+    def __init__(self, client: KubeClient, clock: Callable[[], float] = time.monotonic) -> None:
         self._client = client
+        self._clock = clock
         self.index: PodIndex | None = None
         """kopf's index of every watched Pod (`handlers.pods_by_namespace`), live; the handlers
         hand it over before the first pass."""
+        self._not_injected: dict[str, NotInjected] = {}
+        self._stale: set[str] = set()
+        self._tried: dict[str, float] = {}
+        self._listing: dict[str, asyncio.Lock] = {}
+
+    def governed_pod_appeared(self, namespace: str) -> None:
+        """A governed Pod appeared in the namespace: perhaps the replacement of one that was not
+        injected, so the next pass lists again (NOT_INJECTED_AT_MOST_EVERY_SECONDS allowing)."""
+        self._stale.add(namespace)
+
+    async def not_injected(self, namespace: str, selector: specs.LabelSelector) -> list[str]:
+        """The Pods the selector matches that opted into the webhook and were created without
+        its injection (see the module's docstring); [] where they cannot be listed now."""
+        found = await self._not_injected_listed(namespace)
+        return found.selected_by(selector.model_dump(by_alias=True)) if found else []
+
+    async def _not_injected_listed(self, namespace: str) -> NotInjected | None:
+        lock = self._listing.setdefault(namespace, asyncio.Lock())
+        async with lock:  # the namespace's policies share one LIST
+            known = self._not_injected.get(namespace)
+            now = self._clock()
+            since_tried = now - self._tried.get(namespace, float("-inf"))
+            age = float("inf") if known is None else now - known.listed_at
+            wanted = age >= NOT_INJECTED_EVERY_SECONDS or namespace in self._stale
+            if not wanted or since_tried < NOT_INJECTED_AT_MOST_EVERY_SECONDS:
+                return known
+            self._tried[namespace] = now
+            self._stale.discard(namespace)
+            # resourceVersion 0: from the API server's watch cache, never a read of etcd, on
+            # every Kubernetes version; the selector matches none but these Pods.
+            query = urllib.parse.urlencode(
+                {
+                    "labelSelector": NOT_INJECTED_SELECTOR,
+                    "limit": NOT_INJECTED_LISTED,
+                    "resourceVersion": "0",
+                }
+            )
+            try:
+                answer = await self._client.request(
+                    f"listing the Pods of {namespace} created without injection",
+                    "GET",
+                    f"{namespaced('v1', namespace, 'pods')}?{query}",
+                )
+            except KubeError as error:
+                logger.warning("%s: %s", namespace, error)
+                return known
+            listed = self._not_injected[namespace] = not_injected_in(answer, now)
+            return listed
 
     async def replicas(
         self, namespace: str, target: specs.Target

@@ -24,6 +24,7 @@ ConditionType = Literal[
     "LeadTimeInsufficient",
     "DrainIneffective",
     "PodsContested",
+    "PodsNotInjected",
     "LimitExceeded",
     "CredentialRefused",
     "CanaryFailed",
@@ -38,8 +39,10 @@ class Condition(Model):
     type: Annotated[str, Field(max_length=64)]
     """Ready, Progressing, Degraded, InvalidSpec, SignalsUnavailable, LeadTimeInsufficient,
     DrainIneffective, PodsContested (Pods it selects that an older policy governs),
-    LimitExceeded (the operator's limits of policies per namespace or Pods per policy leave
-    Pods out), CredentialRefused or CanaryFailed (the decided settings failed their canary)."""
+    PodsNotInjected (Pods it selects that opted into the admission webhook but were created while
+    it did not answer, so batchpilot cannot switch them), LimitExceeded (the operator's limits of
+    policies per namespace or Pods per policy leave Pods out), CredentialRefused or CanaryFailed
+    (the decided settings failed their canary)."""
     status: Literal["True", "False", "Unknown"]
     """Whether the condition holds."""
     reason: Annotated[str, Field(max_length=128)] = ""
@@ -172,7 +175,8 @@ class BatchPolicyStatus(Model):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     """Ready, Progressing, Degraded, InvalidSpec, SignalsUnavailable, LeadTimeInsufficient,
-    DrainIneffective, PodsContested, CredentialRefused and CanaryFailed."""
+    DrainIneffective, PodsContested, PodsNotInjected, LimitExceeded, CredentialRefused and
+    CanaryFailed."""
     settings: SettingsHistory | None = None
     """Which settings the fleet served, proved and failed (with rollout.canary)."""
     canary: CanaryStatus | None = None
