@@ -456,16 +456,11 @@ def test_keep_alive_clients_make_the_drain_ineffective_and_it_is_said_and_bounde
     drain_timeout = 5
     spec: dict[str, Any] = {"rollout": {"maxUnavailable": 1, "drainTimeoutSeconds": drain_timeout}}
     ips, service_ip = _gated_fleet_behind_a_service(kube, namespace, start_operator, spec)
-    # One keep-alive connection: its Pod receives every request, drained or not, so its drain
-    # runs to the timeout whatever the machine's load (a pool opens more connections when
-    # requests pile up, through the Service to Ready Pods, and may leave the drained Pod's idle:
-    # both drains then ended early on a busy machine). 20 a second: one at a time, each waiting
-    # for bulk's queue delay, a connection carries about 40.
     load = clients.ClientProcess(
         client_host,
-        style="one-connection",
+        style="keep-alive",
         address=f"{service_ip}:{endpoints.TRITON_HTTP_PORT}",
-        rate=20,
+        rate=100,
         seed=1,
     )
     records, rollout = _switch_under_load(kube, namespace, ips, load, spec, seconds=30)
