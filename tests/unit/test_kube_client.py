@@ -286,6 +286,20 @@ def test_an_exec_plugin_that_hangs_is_killed_at_its_deadline_with_what_it_starte
     assert str(failed.value) == "the exec plugin get-token did not answer within 0.5 s"
 
 
+@pytest.mark.timeout(30)
+def test_an_exec_plugin_that_prints_without_end_is_cut_off_at_the_cap_not_read_on(
+    tmp_path: Path,
+) -> None:
+    """Its output is read to the cap and no further: the plugin is killed there, long before
+    its deadline, and nothing past the cap is kept."""
+    floods = plugin(tmp_path, "while True:\n    sys.stdout.write('x' * 65536)")
+    with pytest.raises(logins.LoginFailed) as failed:
+        logins.run_exec_plugin({"command": str(floods)}, folder=tmp_path, timeout=20)
+    assert str(failed.value) == (
+        f"the exec plugin get-token printed over {logins.MAX_EXEC_OUTPUT_BYTES} bytes"
+    )
+
+
 @pytest.mark.parametrize(
     ("body", "said"),
     [

@@ -17,8 +17,10 @@ import dataclasses
 import datetime
 import json
 import os
+import selectors
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,9 @@ EXEC_SECONDS = 20.0
 """How long an exec plugin may take to print its credential: within kopf's login deadline
 (`client.LOGIN_SECONDS`), and long enough for a cloud's token endpoint."""
 MAX_EXEC_OUTPUT_BYTES = 1024 * 1024
+"""The most of a plugin's output that is read: past it the plugin is killed, not read on."""
+EXEC_STDERR_KEPT_BYTES = 4096
+"""The tail of a plugin's stderr kept for its last line."""
 EXEC_API = "client.authentication.k8s.io/v1beta1"
 """The ExecCredential version a plugin is told when its entry names none."""
 
@@ -123,8 +128,9 @@ def run_exec_plugin(
 ) -> ExecCredential:
     """Runs a kubeconfig's exec plugin as kubectl does (its command and arguments as given,
     never through a shell; its `env` on top of ours; `KUBERNETES_EXEC_INFO` saying it may not
-    ask anyone anything) and reads the ExecCredential it prints. A plugin that has not
-    answered within `timeout` is killed with whatever it started (its own session)."""
+    ask anyone anything) and reads the ExecCredential it prints, as it comes, to a cap. A
+    plugin that has not answered within `timeout`, or prints past the cap, is killed with
+    whatever it started (its own session)."""
     command = spec.get("command")
     if not isinstance(command, str) or not command:
         raise LoginFailed("the kubeconfig user's exec plugin names no command")
@@ -153,19 +159,63 @@ def run_exec_plugin(
     except OSError as error:
         raise LoginFailed(f"the exec plugin {name} cannot run: {error.strerror}") from None
     try:
-        printed, said = plugin.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(plugin.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            plugin.communicate(timeout=1)  # a child that left its session may hold the output
+        printed, said = _output(plugin, timeout)
+    except TimeoutError:
+        _kill_session(plugin)
         raise LoginFailed(f"the exec plugin {name} did not answer within {timeout:g} s") from None
-    if plugin.returncode != 0:
+    finally:
+        for stream in (plugin.stdout, plugin.stderr):
+            if stream is not None:
+                stream.close()
+    if len(printed) > MAX_EXEC_OUTPUT_BYTES:
+        _kill_session(plugin)  # still printing: parse_exec_credential says so
+    elif plugin.returncode != 0:
         last = (said.decode(errors="replace").strip().splitlines() or [""])[-1][:200]
         raise LoginFailed(
             f"the exec plugin {name} exited with {plugin.returncode}"
             + (f": {last}" if last else "")
         )
     return parse_exec_credential(printed, name)
+
+
+def _output(plugin: subprocess.Popen[bytes], timeout: float) -> tuple[bytes, bytes]:
+    """What a plugin printed, read as it comes until it ends: its stdout up to one byte past
+    MAX_EXEC_OUTPUT_BYTES (then it is left running, to be killed), its stderr's tail. Raises
+    TimeoutError when it has not ended within `timeout`, whatever holds its output open."""
+    assert plugin.stdout is not None
+    assert plugin.stderr is not None
+    deadline = time.monotonic() + timeout
+    printed, said = bytearray(), bytearray()
+    with selectors.DefaultSelector() as selector:
+        selector.register(plugin.stdout, selectors.EVENT_READ, printed)
+        selector.register(plugin.stderr, selectors.EVENT_READ, said)
+        while selector.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            for key, _ in selector.select(left):
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
+                    selector.unregister(key.fileobj)
+                    continue
+                key.data.extend(chunk)
+                if len(printed) > MAX_EXEC_OUTPUT_BYTES:
+                    return bytes(printed), bytes(said)
+                del said[:-EXEC_STDERR_KEPT_BYTES]
+    try:
+        plugin.wait(timeout=max(deadline - time.monotonic(), 0.0))
+    except subprocess.TimeoutExpired:
+        raise TimeoutError from None
+    return bytes(printed), bytes(said)
+
+
+def _kill_session(plugin: subprocess.Popen[bytes]) -> None:
+    """Kills the plugin with whatever it started (its own session, even where it has exited and
+    a child holds its output), and reaps it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(plugin.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        plugin.wait(timeout=1)
 
 
 def parse_exec_credential(printed: bytes, name: str = "exec plugin") -> ExecCredential:
