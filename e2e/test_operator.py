@@ -456,11 +456,17 @@ def test_keep_alive_clients_make_the_drain_ineffective_and_it_is_said_and_bounde
     drain_timeout = 5
     spec: dict[str, Any] = {"rollout": {"maxUnavailable": 1, "drainTimeoutSeconds": drain_timeout}}
     ips, service_ip = _gated_fleet_behind_a_service(kube, namespace, start_operator, spec)
+    # One keep-alive connection: its Pod receives every request, drained or not, so its drain
+    # runs to the timeout whatever the machine's load (a pool opens more connections when
+    # requests pile up, through the Service to Ready Pods, and may leave the drained Pod's idle:
+    # both drains then ended early on a busy machine). 20 a second: one at a time, each waiting
+    # for bulk's queue delay, a connection carries about 40; the gaps between them are what the
+    # drain's quiet window scales with (one 0.2-s poll ended a third of such drains before).
     load = clients.ClientProcess(
         client_host,
-        style="keep-alive",
+        style="one-connection",
         address=f"{service_ip}:{endpoints.TRITON_HTTP_PORT}",
-        rate=100,
+        rate=20,
         seed=1,
     )
     records, rollout = _switch_under_load(kube, namespace, ips, load, spec, seconds=30)
@@ -473,22 +479,15 @@ def test_keep_alive_clients_make_the_drain_ineffective_and_it_is_said_and_bounde
     condition = operators.condition(status_of(kube, namespace), "DrainIneffective")
     assert condition["status"] == "True", condition
     assert condition["reason"] == "RequestsKeptArriving"
-    # Each drain, as the operator measured it, ended by the timeout or when requests stopped
-    # arriving, never later than its last look at the queue past the timeout: the deadline is
-    # checked before each poll of the metrics page, which is bounded by the Triton deadline.
-    # A drain the timeout ended waited all of it; one that began after the load (30 s) had
-    # stopped, on a slow machine, ended as the queue went quiet, before it. The first drain
-    # begins while the load runs: at least one met the timeout. (The reloads after it are
-    # Triton's, and their length on a loaded machine is the machine's: the rollout's is printed.)
+    # A drain is ineffective when requests kept arriving until its timeout: each one the
+    # events name waited all of it, and ended no later than its last look at the queue past the
+    # timeout (the deadline is checked before each poll of the metrics page, bounded by the
+    # Triton deadline). The reloads after it are Triton's, and their length on a loaded machine
+    # is the machine's: the rollout's is printed.
     longest = drain_timeout + rollouts.DRAIN_POLL_SECONDS + responses.TRITON_DEADLINE_SECONDS
-    drains = [_drain_of(warning) for warning in warnings]
-    for seconds, verdict in drains:
-        assert verdict in ("reloaded after drainTimeoutSeconds", "reloaded"), warnings
-        if verdict == "reloaded after drainTimeoutSeconds":
-            assert drain_timeout <= seconds <= longest, f"a drain of {seconds} s: {warnings}"
-        else:
-            assert seconds < drain_timeout, f"a drain of {seconds} s: {warnings}"
-    assert any(verdict != "reloaded" for _, verdict in drains), f"no drain timed out: {warnings}"
+    for seconds, verdict in [_drain_of(warning) for warning in warnings]:
+        assert verdict == "reloaded after drainTimeoutSeconds", warnings
+        assert drain_timeout <= seconds <= longest, f"a drain of {seconds} s: {warnings}"
     assert failed == 0
 
 

@@ -367,25 +367,39 @@ def drain_ineffective(
             return False, "DrainsEffective", ""
         return earlier.status == "True", earlier.reason, earlier.message
     leaking = [o for o in drained if o.drain is not None and o.drain.ineffective]
-    if not leaking:
-        return False, "DrainsEffective", ""
+    if leaking:
+        return (
+            True,
+            "RequestsKeptArriving",
+            "; ".join(drain_message(o) for o in leaking)
+            + ": clients hold connections to the Pods (HTTP keep-alive, gRPC channels) instead "
+            "of following the Service's endpoints, so their requests waited for the reload; see "
+            "the README's hitless-switch section for what to do",
+        )
+    late = [o for o in drained if o.drain is not None and o.drain.late]
     return (
-        True,
-        "RequestsKeptArriving",
-        "; ".join(drain_message(o) for o in leaking)
-        + ": clients hold connections to the Pods (HTTP keep-alive, gRPC channels) instead of "
-        "following the Service's endpoints, so their requests waited for the reload; see the "
-        "README's hitless-switch section for what to do",
+        False,
+        "DrainsEffective",
+        "; ".join(late_message(o) for o in late)
+        + (": their leaving reached the Services' proxies late; the drains waited" if late else ""),
     )
 
 
 def drain_message(outcome: rollouts.Outcome) -> str:
     drain = outcome.drain
     assert drain is not None
-    verdict = "reloaded after drainTimeoutSeconds" if drain.timed_out else "reloaded"
     return (
         f"{outcome.replica.title} kept receiving requests after it left its Services "
-        f"({drain.arrived:g} in {drain.seconds:.1f}s; {verdict})"
+        f"({drain.arrived:g} in {drain.seconds:.1f}s; reloaded after drainTimeoutSeconds)"
+    )
+
+
+def late_message(outcome: rollouts.Outcome) -> str:
+    drain = outcome.drain
+    assert drain is not None
+    return (
+        f"{outcome.replica.title} received {drain.arrived:g} requests after the settle time, "
+        f"then none (drained in {drain.seconds:.1f}s)"
     )
 
 

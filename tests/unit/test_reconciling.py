@@ -488,6 +488,26 @@ async def test_a_drain_that_does_not_stop_requests_is_an_event_a_condition_and_a
 
 
 @pytest.mark.looptime
+async def test_a_drain_whose_requests_stop_late_is_said_in_the_condition_but_is_no_warning() -> (
+    None
+):
+    # kube-proxy on a busy node: requests for 1 s after the settle time, then none.
+    gated = target("triton-0", gated=True, gate="True")
+    late = FakeServer(completed=[0.0, 10.0, 13.0, 16.0, 19.0, 22.0, 25.0, 25.0])
+    fleet = FakeFleet({gated.http_url: late})
+    subject = reconciler([gated], fleet, FakeGates(fleet))
+    outcome = await reconcile(subject, spec_document(rollout={"drainTimeoutSeconds": 10}))
+    assert outcome.status["activeProfile"] == "bulk"
+    assert not [e for e in outcome.events if e.reason == "DrainIneffective"]
+    assert conditions(outcome.status)["DrainIneffective"] == ("False", "DrainsEffective")
+    message = next(
+        c["message"] for c in outcome.status["conditions"] if c["type"] == "DrainIneffective"
+    )
+    assert message.startswith("pod triton-0 received 15 requests after the settle time, then none")
+    assert gauge(subject, "batchpilot_drains_ineffective_total") == 0
+
+
+@pytest.mark.looptime
 async def test_a_policy_with_only_an_objective_still_reads_its_signals() -> None:
     targets, fleet = two_servers()
     signals = FixedSignals({"p95LatencyMs": 12.0})

@@ -61,12 +61,13 @@ async def test_waves_never_exceed_max_unavailable() -> None:
 @pytest.mark.looptime
 async def test_gated_replica_leaves_service_drains_applies_and_returns() -> None:
     gated = target("triton-0", gated=True, gate="True")
-    fleet = fleet_for([gated], pending=[3, 1, 0])
+    fleet = fleet_for([gated], pending=[3, 3, 1, 0])  # closed, settled, then two polls
     gates = FakeGates(fleet)
     result = await roll_out([gated], fleet, gates)
     assert result.outcomes[0].state == "Updated"
     assert [call for call, _ in fleet.calls] == [
         "gate-close",
+        "pending",
         "pending",
         "pending",
         "pending",
@@ -342,3 +343,46 @@ async def test_a_pod_whose_requests_stop_is_drained_without_waiting_for_the_time
     assert not drain.ineffective
     assert not drain.timed_out
     assert drain.seconds < 1.5
+
+
+@pytest.mark.looptime
+async def test_a_sparse_client_pinned_to_the_pod_is_drained_until_the_timeout() -> None:
+    # One keep-alive connection, a request every third poll: gaps longer than a poll between
+    # requests that keep coming. The quiet window scales with the gaps it saw.
+    gated = target("triton-0", gated=True, gate="True")
+    polls = [3.0 + n // 3 for n in range(10_000)]
+    fleet = fleet_for([gated], completed=[0.0, *polls])
+    result = await roll_out([gated], fleet, FakeGates(fleet), drainTimeoutSeconds=6)
+    drain = result.outcomes[0].drain
+    assert drain is not None
+    assert drain.timed_out, f"ended after a gap: {drain}"
+    assert drain.ineffective
+    assert not drain.late
+
+
+@pytest.mark.looptime
+async def test_requests_that_stop_after_the_settle_time_are_late_not_ineffective() -> None:
+    # A proxy that learned of the Pod's leaving 2 s late: requests for 2 s, then none.
+    gated = target("triton-0", gated=True, gate="True")
+    arriving = [20.0 + 2 * n for n in range(11)]
+    fleet = fleet_for([gated], completed=[0.0, *arriving, arriving[-1]])
+    result = await roll_out([gated], fleet, FakeGates(fleet), drainTimeoutSeconds=15)
+    drain = result.outcomes[0].drain
+    assert drain is not None
+    assert drain.arrived == 20
+    assert not drain.timed_out
+    assert drain.late
+    assert not drain.ineffective
+    assert drain.seconds < 0.5 + 2.0 + 1.0, "it waited for the requests, then not much longer"
+
+
+@pytest.mark.looptime
+async def test_requests_that_follow_the_service_end_the_drain_after_one_quiet_poll() -> None:
+    # Many requests during the settle time, none after: the rate they set is no reason to wait.
+    gated = target("triton-0", gated=True, gate="True")
+    fleet = fleet_for([gated], completed=[0.0, 150.0, 150.0])
+    result = await roll_out([gated], fleet, FakeGates(fleet), drainTimeoutSeconds=15)
+    drain = result.outcomes[0].drain
+    assert drain is not None
+    assert drain.arrived == 0
+    assert drain.seconds == pytest.approx(0.5 + rollouts.DRAIN_POLL_SECONDS)

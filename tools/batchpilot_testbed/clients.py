@@ -7,6 +7,10 @@ compared (`STYLES`):
 
 - `new-connection`: a connection per request (`Connection: close`), each routed afresh;
 - `keep-alive`: `tritonclient.http.aio`, which pools keep-alive HTTP connections (aiohttp's);
+- `one-connection`: the same with a pool of one (`conn_limit=1`), as a client or proxy that
+  holds one upstream connection: every request follows the Pod it reached first. A larger pool
+  opens connections when requests pile up (a busy machine) and may leave its older ones idle, so
+  whether a drained Pod keeps receiving requests is the pool's choice; with one it always does;
 - `grpc`: `tritonclient.grpc.aio`, one gRPC channel (HTTP/2) for every request;
 - `endpoint-aware` (not here: `balanced`, in the test process): each request to a Ready Pod
   chosen when it is due, from the Pods' readiness, as a service mesh or a gRPC xDS client does.
@@ -51,7 +55,7 @@ from batchpilot_cluster import locations, podnetwork
 from batchpilot_harness import loadgen
 from batchpilot_triton import endpoints
 
-STYLES: Final = ("new-connection", "keep-alive", "grpc")
+STYLES: Final = ("new-connection", "keep-alive", "one-connection", "grpc")
 BALANCED: Final = "endpoint-aware"
 MODEL: Final = "gpu_sim"
 INPUT_SHAPE: Final = (1, 16)
@@ -120,14 +124,18 @@ def _inputs(module: types.ModuleType) -> list[object]:
 class _TritonClient:
     """tritonclient's asyncio client, HTTP (a keep-alive pool) or gRPC (one channel)."""
 
-    def __init__(self, address: str, *, grpc: bool) -> None:
-        if grpc:
-            import tritonclient.grpc.aio as module
-        else:
-            import tritonclient.http.aio as module
+    def __init__(self, address: str, *, grpc: bool, connections: int | None = None) -> None:
         self.grpc = grpc
         self.address = address
-        self.client = module.InferenceServerClient(address)  # its defaults, as applications do
+        if grpc:
+            import tritonclient.grpc.aio as module
+
+            self.client = module.InferenceServerClient(address)  # its defaults, as apps do
+        else:
+            import tritonclient.http.aio as module
+
+            limit = {"conn_limit": connections} if connections else {}
+            self.client = module.InferenceServerClient(address, **limit)
         self.inputs = _inputs(module)
 
     async def send(self) -> tuple[str | None, str | None]:
@@ -148,6 +156,8 @@ def sender(style: str, address: str) -> Sender:
         return _Posting(lambda: f"http://{address}", new_connection=True)
     if style == "keep-alive":
         return _TritonClient(address, grpc=False)
+    if style == "one-connection":
+        return _TritonClient(address, grpc=False, connections=1)
     if style == "grpc":
         return _TritonClient(address, grpc=True)
     raise ValueError(f"unknown client style {style!r}; one of {STYLES}")

@@ -35,7 +35,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -60,6 +60,10 @@ ApplyError = Literal[
 ]
 """Why applying to a replica failed: the `reason` label of `batchpilot_apply_errors_total`."""
 DRAIN_POLL_SECONDS = 0.2
+QUIET_GAPS = 4
+"""A drain ends once the queue is empty and no request came for this many mean gaps between
+the requests it saw arrive (and at least twice its longest gap, and at least one poll): a client
+sending a few a second leaves gaps longer than a poll between requests that are still coming."""
 
 
 def error_of(failure: Exception) -> ApplyError:
@@ -166,12 +170,20 @@ class Drain:
     seconds: float
     arrived: float
     """Requests that reached it after the settle time: clients that kept connections to the
-    Pod (HTTP keep-alive, gRPC channels) rather than the Service's endpoints."""
+    Pod (HTTP keep-alive, gRPC channels), or proxies that learned of its leaving late."""
     timed_out: bool
 
     @property
     def ineffective(self) -> bool:
-        return self.arrived > 0
+        """Requests kept arriving until the timeout: clients hold connections to the Pod, and
+        the reload went ahead with them still coming."""
+        return self.arrived > 0 and self.timed_out
+
+    @property
+    def late(self) -> bool:
+        """Requests arrived after the settle time, then stopped: the Pod's leaving reached the
+        proxies late (kube-proxy on a busy node), and the drain waited for them."""
+        return self.arrived > 0 and not self.timed_out
 
 
 @dataclass(frozen=True)
@@ -530,6 +542,14 @@ async def _switch(
                 drain.arrived,
                 drain.seconds,
             )
+        elif drain.late:
+            logger.info(
+                "%s received requests after the settle time, then none (%g in %.1fs): "
+                "its leaving reached the proxies late",
+                replica.title,
+                drain.arrived,
+                drain.seconds,
+            )
         outcome, failure = await _apply(replica, models, plan, fleet)
     except asyncio.CancelledError as cancelled:
         # The operator is stopping or the policy went away mid-switch: what the server runs
@@ -628,7 +648,8 @@ async def _close_gate(
 
 async def _drain(replica: Replica, models: Sequence[str], plan: Plan, fleet: Fleet) -> Drain:
     """Give the Pod the settle time to leave its Services, then wait, within the drain timeout,
-    until its queue is empty and no new request came since the last look.
+    until its queue is empty and no new request came for a quiet window that scales with the
+    gaps between the requests it saw (`QUIET_GAPS`).
 
     Requests that arrive after the settle time are counted: what reached the Pod is what it
     completed plus what its queue grew by. A client that keeps connections to the Pod (HTTP
@@ -636,23 +657,71 @@ async def _drain(replica: Replica, models: Sequence[str], plan: Plan, fleet: Fle
     clock = asyncio.get_running_loop().time
     started = clock()
     deadline = started + plan.rollout.drain_timeout_seconds
+    try:
+        closed: fleets.QueueReading | None = await fleet.queue(replica.http_url, models)
+    except Exception:  # the rate is unknown then; the look after the settle time tries again
+        closed = None
     await asyncio.sleep(min(plan.settle_seconds, plan.rollout.drain_timeout_seconds))
     arrived = 0.0
     try:
         last = await fleet.queue(replica.http_url, models)
+        quiet = _QuietWindow(clock, started)
+        quiet.arrived(_arrivals(closed, last) if closed else 0.0)  # during the settle time
+        quiet.restart()
         while clock() < deadline:
             await asyncio.sleep(DRAIN_POLL_SECONDS)
             now = await fleet.queue(replica.http_url, models)
-            completed = now.completed - last.completed
-            new = max(completed, 0.0) + now.pending - last.pending if completed >= 0 else 0.0
-            arrived += max(new, 0.0)
-            if now.pending == 0 and new <= 0:
-                return Drain(clock() - started, arrived, timed_out=False)
+            new = _arrivals(last, now)
+            arrived += new
+            quiet.arrived(new)
             last = now
+            if now.pending == 0 and quiet.over():
+                return Drain(clock() - started, arrived, timed_out=False)
     except Exception as error:
         # The drain is best effort: the apply meets the same problem and reports it.
         logger.debug("%s: drain cut short: %s", replica.title, _message(error))
     return Drain(clock() - started, arrived, timed_out=clock() >= deadline)
+
+
+def _arrivals(before: fleets.QueueReading, after: fleets.QueueReading) -> float:
+    """Requests that reached a server between two readings: what it completed plus what its
+    queue grew by (none when its counters went back: it restarted in between)."""
+    completed = after.completed - before.completed
+    if completed < 0:
+        return 0.0
+    return max(completed + after.pending - before.pending, 0.0)
+
+
+class _QuietWindow:
+    """How long a drain must see no request before it takes the clients to have stopped."""
+
+    def __init__(self, clock: Callable[[], float], started: float) -> None:
+        self._clock = clock
+        self._started = started
+        self._seen = 0.0
+        self._longest_gap = 0.0
+        self._since = started
+
+    def arrived(self, count: float) -> None:
+        if count <= 0:
+            return
+        now = self._clock()
+        self._seen += count
+        self._longest_gap = max(self._longest_gap, now - self._since)
+        self._since = now
+
+    def restart(self) -> None:
+        """Count quiet from now: the settle time's requests set the rate, not the silence."""
+        self._since = self._clock()
+        self._longest_gap = 0.0
+
+    def over(self) -> bool:
+        now = self._clock()
+        window = DRAIN_POLL_SECONDS
+        if self._seen:
+            mean_gap = (now - self._started) / self._seen
+            window = max(window, QUIET_GAPS * mean_gap, 2 * self._longest_gap)
+        return now - self._since >= window - 1e-9
 
 
 async def _open_gate(replica: Replica, plan: Plan, gates: Gates, *, reason: str) -> None:

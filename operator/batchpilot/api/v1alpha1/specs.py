@@ -744,7 +744,8 @@ class Rollout(Model):
     """For Pods with the batchpilot.dev/config-applied readiness gate: the longest wait, after
     taking the replica out of its Services, for its queue to empty and new requests to stop.
     Clients that keep connections to the Pod (HTTP keep-alive, gRPC channels) keep sending
-    there; once this passes the reload goes ahead and the DrainIneffective event says so."""
+    there; when they still do as this passes, the reload goes ahead and the DrainIneffective
+    event says so."""
     unload_before_load: bool = False
     """Unload the model before loading the new configuration, so a GPU never holds two copies;
     the model is unavailable on that replica meanwhile."""
