@@ -118,11 +118,11 @@ def _repository_credential(token_file: Path | None) -> credentials.CredentialSou
 
 
 def keep_the_kubernetes_client_out() -> None:
-    """Unless logging in needs it (`logins`), make the Kubernetes client unimportable in
-    this process: kopf imports its models whenever it is installed (34 MiB), and the operator
-    hands kopf dicts only. Called before kopf is first imported."""
-    if not logins.needs_the_client():
-        sys.modules.setdefault("kubernetes", None)  # type: ignore[arg-type]
+    """Make the Kubernetes client unimportable in this process: kopf imports its models
+    whenever it is installed (34 MiB), and the operator hands kopf dicts only. A legacy auth
+    provider's login, the one use of it, runs in a child process (`logins`). Called before kopf
+    is first imported."""
+    sys.modules.setdefault("kubernetes", None)  # type: ignore[arg-type]
 
 
 def _operator(arguments: argparse.Namespace) -> int:
@@ -345,8 +345,9 @@ def build_parser() -> argparse.ArgumentParser:
         "scheduled transition and every --interval seconds. Runs until SIGTERM. Logs in with "
         "the Pod's ServiceAccount in a cluster, else as the kubeconfig's current user (KUBECONFIG "
         "or ~/.kube/config): its token or certificate, or what its exec plugin prints (run with "
-        f"a {logins.EXEC_SECONDS:g} s deadline); a legacy auth provider without a token needs "
-        "`pip install kubernetes`.",
+        f"a {logins.EXEC_SECONDS:g} s deadline); a legacy auth provider without a token is "
+        "logged in by the Kubernetes client library (`pip install kubernetes`) in a child "
+        "process, under the same deadline.",
     )
     operator.add_argument(
         "--namespace",

@@ -6,7 +6,10 @@ loopback."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import datetime
+import json
+import socket
 import subprocess
 import sys
 import threading
@@ -329,27 +332,69 @@ def test_an_exec_plugin_that_fails_says_how_and_kopf_gets_a_login_error(
     assert str(failed.value) == said
 
 
-def test_the_operator_command_keeps_the_kubernetes_client_out_unless_logging_in_needs_it(
+def test_the_operator_command_keeps_the_kubernetes_client_out_whoever_logs_in(
     tmp_path: Path,
 ) -> None:
-    """kopf imports the client's models whenever they are installed: 34 MiB (bench_scale)."""
+    """kopf imports the client's models whenever they are installed: 34 MiB (bench_scale). A
+    legacy auth provider's login, the one use of them, runs in a child process."""
     probe = (
         "import sys; from batchpilot import cli; cli.keep_the_kubernetes_client_out();"
         " import kopf, batchpilot.handlers; print(sys.modules.get('kubernetes') is not None)"
     )
     provider = {"auth-provider": {"name": "oidc", "config": {}}}
-    users = (
-        ({"token": "t"}, "False"),
-        ({"exec": {"command": "gcloud"}}, "False"),
-        (provider, "True"),
-    )
-    for user, loaded in users:
-        environment = {"KUBECONFIG": str(kubeconfig(tmp_path / f"config-{loaded}", user))}
+    for user in ({"token": "t"}, {"exec": {"command": "gcloud"}}, provider):
+        environment = {"KUBECONFIG": str(kubeconfig(tmp_path / "config", user))}
         printed = subprocess.run(
             [sys.executable, "-c", probe], capture_output=True, text=True, check=True,
             env={**environment, "PATH": "/usr/bin:/bin"}, timeout=60,
         ).stdout.strip()  # fmt: skip
-        assert printed == loaded, (user, printed)
+        assert printed == "False", (user, printed)
+
+
+def id_token(expires: datetime.datetime) -> str:
+    """An OIDC id-token as the Kubernetes client reads it: only its payload's `exp` counts."""
+
+    def part(document: dict[str, Any]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(document).encode()).decode().rstrip("=")
+
+    return f"{part({'alg': 'none'})}.{part({'exp': int(expires.timestamp())})}.c2ln"
+
+
+def oidc_user(token: str, issuer: str = "https://127.0.0.1:9/none") -> dict[str, Any]:
+    config = {"id-token": token, "refresh-token": "r", "client-id": "k", "idp-issuer-url": issuer}
+    return {"auth-provider": {"name": "oidc", "config": config}}
+
+
+@pytest.mark.timeout(60)
+def test_a_legacy_auth_provider_s_token_comes_from_the_client_in_a_child_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    valid = id_token(datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "config", oidc_user(valid))))
+    assert logins.needs_the_client()
+    info = client.login(service_account=tmp_path / "no-sa")
+    assert (info.server, info.token) == ("https://127.0.0.1:6443", valid)
+
+
+@pytest.mark.timeout(60)
+def test_a_legacy_auth_provider_whose_issuer_never_answers_fails_at_the_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client refreshes an expired id-token from its issuer with no deadline of its own: an
+    issuer that accepts the connection and never answers would hold the login for ever."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        issuer = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        expired = id_token(datetime.datetime.now(datetime.UTC) - datetime.timedelta(hours=1))
+        user = oidc_user(expired, issuer)
+        monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "config", user)))
+        with pytest.raises(logins.LoginFailed) as failed:
+            logins.auth_provider_credential(timeout=3)
+    assert str(failed.value) == (
+        "the exec plugin for the auth provider oidc did not answer within 3 s"
+    )
 
 
 POLICY = {

@@ -72,25 +72,19 @@ def login(
     """In a Pod its ServiceAccount, else the kubeconfig's current user (KUBECONFIG or
     ~/.kube/config), read afresh on each call (the kubelet rotates the token's file): its
     token or certificate, or what its exec plugin prints (run here, with a deadline:
-    `logins.run_exec_plugin`). Only a legacy auth provider without a token is logged in by the
-    Kubernetes client (`logins.needs_the_client`)."""
+    `logins.run_exec_plugin`). A legacy auth provider without a token is logged in by the
+    Kubernetes client library in a child process, under the same deadline
+    (`logins.auth_provider_credential`)."""
     if logins.in_cluster(service_account):
         return _in_cluster(service_account)
-    settings = kopf.OperatorSettings()
-    if logins.needs_the_client(service_account):
-        try:
-            info = kopf.login_via_client(logger=logger, settings=settings)
-        except ImportError:
-            raise kopf.LoginError(
-                "the kubeconfig's user logs in through an auth provider, which needs the"
-                " Kubernetes client library (pip install kubernetes)"
-            ) from None
-    else:
-        info = kopf.login_with_kubeconfig(settings=settings)
+    info = kopf.login_with_kubeconfig(settings=kopf.OperatorSettings())
     if info is None:
         raise kopf.LoginError("no ServiceAccount token and no kubeconfig: cannot log in")
     try:
-        credential = logins.exec_plugin_credential()
+        if logins.needs_the_client(service_account):
+            credential: logins.ExecCredential | None = logins.auth_provider_credential()
+        else:
+            credential = logins.exec_plugin_credential()
     except logins.LoginFailed as failed:
         raise kopf.LoginError(str(failed)) from None
     if credential is not None:
@@ -128,9 +122,9 @@ LOGIN_SECONDS = 30.0
 """How long kopf's login waits (the client's own waits its call's deadline)."""
 
 _LOGINS = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kube-login")
-"""Logging in reads files and may run a kubeconfig's exec plugin (for up to
-`logins.EXEC_SECONDS`, or the Kubernetes client's auth provider, with no deadline): on a thread
-of its own, one login at a time, never on the event loop or its default pool."""
+"""Logging in reads files and may run a kubeconfig's exec plugin, or the Kubernetes client's
+auth provider in a child process, for up to `logins.EXEC_SECONDS`: on a thread of its own, one
+login at a time, never on the event loop or its default pool."""
 
 
 async def log_in(login: Callable[[], kopf.ConnectionInfo] = login) -> kopf.ConnectionInfo:

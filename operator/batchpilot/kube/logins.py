@@ -3,11 +3,12 @@
 In a Pod the operator logs in with its ServiceAccount; elsewhere with the kubeconfig's current
 user: its token or certificate, or what its exec plugin (`gcloud`, `aws eks get-token`,
 `kubelogin`) prints, run here (`run_exec_plugin`) as kubectl runs it, but with a deadline: the
-Kubernetes client waits on a plugin for ever. Only a user with a legacy auth provider and no
-token (`needs_the_client`) needs the Kubernetes client library. Otherwise the operator keeps
-that library out of the process: kopf imports its models whenever it is installed (to tell them
-apart from dicts, which is all the operator hands it), and they cost 34 MiB (`cli`'s operator
-command).
+Kubernetes client waits on a plugin for ever. A user with a legacy auth provider and no token
+(`needs_the_client`) is logged in by the Kubernetes client library, which refreshes the token
+with no deadline either: in a child process run as an exec plugin (`provider_login`), under the
+same deadline. The operator's own process never imports that library: kopf imports its models
+whenever it is installed (to tell them apart from dicts, which is all the operator hands it),
+and they cost 34 MiB (`cli`'s operator command).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import os
 import selectors
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -114,6 +116,18 @@ def needs_the_client(service_account: Path = SERVICE_ACCOUNT) -> bool:
     return not has_credential and not provider_token
 
 
+def auth_provider_credential(timeout: float = EXEC_SECONDS) -> ExecCredential:
+    """The token the current user's legacy auth provider gives, from the Kubernetes client
+    library run in a child process (`provider_login`) under an exec plugin's deadline and cap."""
+    found = _current_user()
+    provider = (found[0].get("auth-provider") or {}) if found else {}
+    name = str(provider.get("name") or "auth provider") if isinstance(provider, dict) else ""
+    plugin = {"command": sys.executable, "args": ["-m", "batchpilot.kube.provider_login"]}
+    return run_exec_plugin(
+        plugin, folder=Path.cwd(), timeout=timeout, name=f"for the auth provider {name}"
+    )
+
+
 def exec_plugin_credential(timeout: float = EXEC_SECONDS) -> ExecCredential | None:
     """The current kubeconfig user's exec plugin's credential, or None when it has no plugin."""
     found = _current_user()
@@ -124,7 +138,7 @@ def exec_plugin_credential(timeout: float = EXEC_SECONDS) -> ExecCredential | No
 
 
 def run_exec_plugin(
-    spec: dict[str, Any], *, folder: Path, timeout: float = EXEC_SECONDS
+    spec: dict[str, Any], *, folder: Path, timeout: float = EXEC_SECONDS, name: str | None = None
 ) -> ExecCredential:
     """Runs a kubeconfig's exec plugin as kubectl does (its command and arguments as given,
     never through a shell; its `env` on top of ours; `KUBERNETES_EXEC_INFO` saying it may not
@@ -134,7 +148,7 @@ def run_exec_plugin(
     command = spec.get("command")
     if not isinstance(command, str) or not command:
         raise LoginFailed("the kubeconfig user's exec plugin names no command")
-    name = Path(command).name
+    name = name or Path(command).name
     if os.sep in command and not Path(command).is_absolute():
         command = str(folder / command)  # relative to its kubeconfig, as kubectl reads it
     api_version = str(spec.get("apiVersion") or EXEC_API)
