@@ -215,6 +215,7 @@ def test_the_fit_recovers_the_emulated_step_time_within_15_percent(
         f"{len(fitted['batchSizes'])} batch sizes from {fitted['batchSizes'][0]} to "
         f"{fitted['batchSizes'][-1]}, {fitted['executions']} executions"
     )
+
     # c and alpha trade off against each other in a fit over one range of batch sizes (under
     # extra load, c 0.42 against 0.35 came with an alpha that kept the curve right): what the
     # recommendation uses is the curve, so the curve is held to 15% at every measured size,
