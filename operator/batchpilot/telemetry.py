@@ -233,7 +233,7 @@ def controller_metrics(registry: CollectorRegistry | None = None) -> ControllerM
         ),
         drains_ineffective=Counter(
             DRAINS_INEFFECTIVE,
-            "Drains in which a Pod kept receiving requests after it left its Services.",
+            "Drains in which a Pod kept receiving requests until rollout.drainTimeoutSeconds.",
             [POLICY_NAMESPACE, POLICY],
             registry=registry,
         ),

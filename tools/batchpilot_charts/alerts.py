@@ -123,9 +123,9 @@ ALERTS: tuple[Alert, ...] = (
         severity="warning",
         summary=f"{_POLICY}: Pods kept receiving requests while drained",
         description=(
-            f"In the last hour a Pod of policy {_POLICY} kept receiving requests "
-            "after the readiness gate took it out of its Services, so the reload stalled those "
-            "requests (the drain waited rollout.drainTimeoutSeconds, then reloaded). Its "
+            f"In the last hour a Pod of policy {_POLICY} kept receiving requests for all of "
+            "rollout.drainTimeoutSeconds after the readiness gate took it out of its Services, "
+            "and the reload went ahead with them still coming, stalling some. Its "
             "clients hold connections to the Pod (HTTP keep-alive, gRPC channels) rather than "
             "following the Service's endpoints."
         ),
