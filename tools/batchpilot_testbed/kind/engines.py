@@ -29,7 +29,12 @@ NETWORK_SUBNET: Final = "172.29.44.0/24"
 """Off every range the project's clusters use (10.88/16 pods, 10.96/16 Services, and kind's own
 10.244/16 pods, 10.97/16 Services), and off Docker's (172.17/16) and Podman's (10.88/16, 10.89.x)
 defaults."""
-PODMAN_LIMITS: Final = 'default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]'
+PODMAN_LIMITS: Final = (
+    'default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]\n'
+    # Podman caps a container at 2048 processes, Docker not at all: the node (its kubelet,
+    # containerd and every Pod's threads) reached 1,753 with six Tritons and two operators.
+    "pids_limit = 0"
+)
 COMMAND_TIMEOUT_SECONDS: Final = 900
 
 
@@ -53,7 +58,7 @@ class Engine:
         if self.name == "podman":
             environment["KIND_EXPERIMENTAL_PROVIDER"] = "podman"
             environment["KIND_EXPERIMENTAL_PODMAN_NETWORK"] = NETWORK
-            environment["CONTAINERS_CONF"] = str(self.containers_conf)
+            environment["CONTAINERS_CONF"] = str(self._written_containers_conf())
         else:
             environment["KIND_EXPERIMENTAL_PROVIDER"] = "docker"
             environment["KIND_EXPERIMENTAL_DOCKER_NETWORK"] = NETWORK
@@ -89,14 +94,17 @@ class Engine:
         )
         return done.returncode == 0
 
+    def _written_containers_conf(self) -> Path:
+        """Podman's containers.conf for every command of the run, from the first (loading the
+        node image) to `down`: Podman refuses to start when CONTAINERS_CONF names no file."""
+        wanted = f"# batchpilot_testbed.kind: limits for Podman\n[containers]\n{PODMAN_LIMITS}\n"
+        if not self.containers_conf.is_file() or self.containers_conf.read_text() != wanted:
+            self.state.mkdir(parents=True, exist_ok=True)
+            self.containers_conf.write_text(wanted)
+        return self.containers_conf
+
     def prepare(self) -> None:
         """What kind needs of the host and the engine before it creates a node."""
-        if self.name == "podman":
-            self.state.mkdir(parents=True, exist_ok=True)
-            self.containers_conf.write_text(
-                "# batchpilot_testbed.kind: limits this host lets Podman set\n"
-                f"[containers]\n{PODMAN_LIMITS}\n"
-            )
         Path("/lib/modules").mkdir(exist_ok=True)
         if not self.succeeds("network", "inspect", NETWORK):
             self.run("network", "create", "--subnet", NETWORK_SUBNET, NETWORK)

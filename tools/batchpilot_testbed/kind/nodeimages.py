@@ -326,6 +326,8 @@ RUN chmod 755 /kind /kind/bin \\
     && rm -f /lib/systemd/system/sockets.target.wants/*udev* \\
     && rm -f /lib/systemd/system/sockets.target.wants/*initctl* \\
     && echo "ReadKMsg=no" >> /etc/systemd/journald.conf \\
+    && mkdir -p /etc/systemd/system.conf.d \\
+    && printf '[Manager]\\nDefaultTasksMax=infinity\\n' > /etc/systemd/system.conf.d/tasks.conf \\
     && ln -sf /usr/lib/systemd/systemd /sbin/init \\
     && systemctl enable kubelet.service containerd.service undo-mount-hacks.service \\
         batchpilot-images.service \\
@@ -336,6 +338,10 @@ ENV container=docker
 STOPSIGNAL SIGRTMIN+3
 ENTRYPOINT ["/usr/local/bin/entrypoint", "/sbin/init"]
 """
+"""DefaultTasksMax=infinity: systemd gives every unit, containerd's container scopes included,
+15% of the node's process limit by default; on a host whose kernel.pid_max is 32768 that was 307,
+and Triton's Python backend (four instances) failed to start a thread past it ("Resource
+temporarily unavailable")."""
 
 
 def _copy(source: Path, target: Path, mode: int = 0o755) -> None:
