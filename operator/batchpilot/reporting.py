@@ -380,23 +380,21 @@ def drain_ineffective(
     return (
         False,
         "DrainsEffective",
-        "; ".join(late_message(o) for o in late)
+        "; ".join(drain_message(o) for o in late)
         + (": their leaving reached the Services' proxies late; the drains waited" if late else ""),
     )
 
 
 def drain_message(outcome: rollouts.Outcome) -> str:
+    """What a drain that saw requests after the settle time saw: until its timeout
+    (ineffective) or for a while (late)."""
     drain = outcome.drain
     assert drain is not None
-    return (
-        f"{outcome.replica.title} kept receiving requests after it left its Services "
-        f"({drain.arrived:g} in {drain.seconds:.1f}s; reloaded after drainTimeoutSeconds)"
-    )
-
-
-def late_message(outcome: rollouts.Outcome) -> str:
-    drain = outcome.drain
-    assert drain is not None
+    if drain.ineffective:
+        return (
+            f"{outcome.replica.title} kept receiving requests after it left its Services "
+            f"({drain.arrived:g} in {drain.seconds:.1f}s; reloaded after drainTimeoutSeconds)"
+        )
     return (
         f"{outcome.replica.title} received {drain.arrived:g} requests after the settle time, "
         f"then none (drained in {drain.seconds:.1f}s)"
