@@ -377,6 +377,19 @@ async def test_requests_that_stop_after_the_settle_time_are_late_not_ineffective
 
 
 @pytest.mark.looptime
+async def test_a_pod_with_few_requests_is_drained_within_a_few_of_their_gaps() -> None:
+    # Two requests during the 0.5-s settle time, none after: a gap of 0.25 s, so a second of
+    # quiet, not the drain timeout.
+    gated = target("triton-0", gated=True, gate="True")
+    fleet = fleet_for([gated], completed=[0.0, 2.0, 2.0])
+    result = await roll_out([gated], fleet, FakeGates(fleet), drainTimeoutSeconds=15)
+    drain = result.outcomes[0].drain
+    assert drain is not None
+    assert not drain.timed_out
+    assert drain.seconds == pytest.approx(0.5 + rollouts.QUIET_GAPS * 0.25, abs=0.2)
+
+
+@pytest.mark.looptime
 async def test_requests_that_follow_the_service_end_the_drain_after_one_quiet_poll() -> None:
     # Many requests during the settle time, none after: the rate they set is no reason to wait.
     gated = target("triton-0", gated=True, gate="True")

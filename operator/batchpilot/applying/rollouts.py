@@ -699,6 +699,7 @@ class _QuietWindow:
         self._clock = clock
         self._started = started
         self._seen = 0.0
+        self._last_seen = started
         self._longest_gap = 0.0
         self._since = started
 
@@ -708,7 +709,7 @@ class _QuietWindow:
         now = self._clock()
         self._seen += count
         self._longest_gap = max(self._longest_gap, now - self._since)
-        self._since = now
+        self._since = self._last_seen = now
 
     def restart(self) -> None:
         """Count quiet from now: the settle time's requests set the rate, not the silence."""
@@ -719,7 +720,9 @@ class _QuietWindow:
         now = self._clock()
         window = DRAIN_POLL_SECONDS
         if self._seen:
-            mean_gap = (now - self._started) / self._seen
+            # The gaps while requests came, not since: a rate that fell with the waiting
+            # would keep a Pod that had two requests waiting until the timeout.
+            mean_gap = (self._last_seen - self._started) / self._seen
             window = max(window, QUIET_GAPS * mean_gap, 2 * self._longest_gap)
         return now - self._since >= window - 1e-9
 
