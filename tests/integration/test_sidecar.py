@@ -217,24 +217,23 @@ def test_the_fit_recovers_the_emulated_step_time_within_15_percent(
     )
 
     # c and alpha trade off against each other in a fit over one range of batch sizes (under
-    # extra load, c 0.42 against 0.35 came with an alpha that kept the curve right): what the
-    # recommendation uses is the curve, so the curve is held to 15% at every measured size,
-    # alpha and the fixed cost each to 15%, and c alone to what that leaves it.
-    def fitted_device_ms(batch: int) -> float:
-        return device_t0 + fitted["cMs"] * batch ** fitted["alpha"]
-
+    # extra load, c 0.42 against 0.35 came with an alpha that kept the curve right): what grows
+    # with the batch, c * b**alpha, is held to 15% at every measured size, alpha to 15% and c
+    # alone to what that leaves it.
     errors = {
-        batch: fitted_device_ms(batch) / (1000 * truth.seconds(batch)) - 1
+        batch: (fitted["cMs"] * batch ** fitted["alpha"])
+        / (truth.per_item_ms * batch**truth.exponent)
+        - 1
         for batch in fitted["batchSizes"]
     }
-    print("curve error by batch size: " + ", ".join(f"{b}: {e:+.1%}" for b, e in errors.items()))
+    print("growth error by batch size: " + ", ".join(f"{b}: {e:+.1%}" for b, e in errors.items()))
     assert all(abs(error) <= 0.15 for error in errors.values()), errors
     assert fitted["alpha"] == pytest.approx(truth.exponent, rel=0.15)
     assert fitted["cMs"] == pytest.approx(truth.per_item_ms, rel=0.3)
-    # Triton's compute time includes what the Python backend spends around the emulated device
-    # (about a millisecond here), and so does the fitted fixed cost.
-    assert device_t0 == pytest.approx(truth.base_ms, rel=0.15)
-    assert fitted["t0Ms"] > truth.base_ms
+    # The fixed cost is the device's plus what the Python backend spends around it, whose
+    # measured mean the machine's load moves (0.7 to 1.3 ms per execution here): it lies
+    # between the device's and the device's plus twice that mean.
+    assert truth.base_ms < fitted["t0Ms"] < truth.base_ms + 2 * calibration.overhead_ms
     assert fitted["rSquared"] > 0.95
     assert len(fitted["batchSizes"]) >= 8
     assert fitted["span"] >= 64
