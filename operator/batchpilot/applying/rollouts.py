@@ -665,9 +665,7 @@ async def _drain(replica: Replica, models: Sequence[str], plan: Plan, fleet: Fle
     arrived = 0.0
     try:
         last = await fleet.queue(replica.http_url, models)
-        quiet = _QuietWindow(clock, started)
-        quiet.arrived(_arrivals(closed, last) if closed else 0.0)  # during the settle time
-        quiet.restart()
+        quiet = _QuietWindow(clock, started, settled=_arrivals(closed, last) if closed else 0.0)
         while clock() < deadline:
             await asyncio.sleep(DRAIN_POLL_SECONDS)
             now = await fleet.queue(replica.http_url, models)
@@ -693,15 +691,17 @@ def _arrivals(before: fleets.QueueReading, after: fleets.QueueReading) -> float:
 
 
 class _QuietWindow:
-    """How long a drain must see no request before it takes the clients to have stopped."""
+    """How long a drain must see no request before it takes the clients to have stopped. Quiet
+    counts from the end of the settle time: the requests of the settle time (`settled`) set the
+    rate, not the silence."""
 
-    def __init__(self, clock: Callable[[], float], started: float) -> None:
+    def __init__(self, clock: Callable[[], float], started: float, *, settled: float) -> None:
         self._clock = clock
         self._started = started
-        self._seen = 0.0
-        self._last_seen = started
+        self._seen = settled
+        self._since = clock()
+        self._last_seen = self._since if settled > 0 else started
         self._longest_gap = 0.0
-        self._since = started
 
     def arrived(self, count: float) -> None:
         if count <= 0:
@@ -710,11 +710,6 @@ class _QuietWindow:
         self._seen += count
         self._longest_gap = max(self._longest_gap, now - self._since)
         self._since = self._last_seen = now
-
-    def restart(self) -> None:
-        """Count quiet from now: the settle time's requests set the rate, not the silence."""
-        self._since = self._clock()
-        self._longest_gap = 0.0
 
     def over(self) -> bool:
         now = self._clock()
