@@ -391,7 +391,7 @@ def test_a_legacy_auth_provider_whose_issuer_never_answers_fails_at_the_deadline
         user = oidc_user(expired, issuer)
         monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path / "config", user)))
         with pytest.raises(logins.LoginFailed) as failed:
-            logins.auth_provider_credential(timeout=3)
+            logins.kubeconfig_credential(timeout=3)
     assert str(failed.value) == (
         "the exec plugin for the auth provider oidc did not answer within 3 s"
     )

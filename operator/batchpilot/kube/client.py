@@ -74,17 +74,14 @@ def login(
     token or certificate, or what its exec plugin prints (run here, with a deadline:
     `logins.run_exec_plugin`). A legacy auth provider without a token is logged in by the
     Kubernetes client library in a child process, under the same deadline
-    (`logins.auth_provider_credential`)."""
+    (`logins.kubeconfig_credential`)."""
     if logins.in_cluster(service_account):
         return _in_cluster(service_account)
     info = kopf.login_with_kubeconfig(settings=kopf.OperatorSettings())
     if info is None:
         raise kopf.LoginError("no ServiceAccount token and no kubeconfig: cannot log in")
     try:
-        if logins.needs_the_client(service_account):
-            credential: logins.ExecCredential | None = logins.auth_provider_credential()
-        else:
-            credential = logins.exec_plugin_credential()
+        credential = logins.kubeconfig_credential()
     except logins.LoginFailed as failed:
         raise kopf.LoginError(str(failed)) from None
     if credential is not None:

@@ -109,32 +109,38 @@ def needs_the_client(service_account: Path = SERVICE_ACCOUNT) -> bool:
     if in_cluster(service_account):
         return False
     user = current_user()
-    if user is None or user.get("exec"):
+    return user is not None and _through_a_provider(user)
+
+
+def _through_a_provider(user: dict[str, Any]) -> bool:
+    if user.get("exec"):
         return False
     has_credential = any(user.get(key) for key in CREDENTIALS)
     provider_token = ((user.get("auth-provider") or {}).get("config") or {}).get("access-token")
     return not has_credential and not provider_token
 
 
-def auth_provider_credential(timeout: float = EXEC_SECONDS) -> ExecCredential:
-    """The token the current user's legacy auth provider gives, from the Kubernetes client
-    library run in a child process (`provider_login`) under an exec plugin's deadline and cap."""
+def kubeconfig_credential(timeout: float = EXEC_SECONDS) -> ExecCredential | None:
+    """What the current kubeconfig user's exec plugin prints, or the token its legacy auth
+    provider gives (the Kubernetes client library run in a child process, `provider_login`,
+    under an exec plugin's deadline and cap); None when the kubeconfig holds the credential."""
     found = _current_user()
-    provider = (found[0].get("auth-provider") or {}) if found else {}
-    name = str(provider.get("name") or "auth provider") if isinstance(provider, dict) else ""
-    plugin = {"command": sys.executable, "args": ["-m", "batchpilot.kube.provider_login"]}
-    return run_exec_plugin(
-        plugin, folder=Path.cwd(), timeout=timeout, name=f"for the auth provider {name}"
-    )
-
-
-def exec_plugin_credential(timeout: float = EXEC_SECONDS) -> ExecCredential | None:
-    """The current kubeconfig user's exec plugin's credential, or None when it has no plugin."""
-    found = _current_user()
-    if found is None or not isinstance(found[0].get("exec"), dict):
+    if found is None:
         return None
     user, kubeconfig = found
-    return run_exec_plugin(user["exec"], folder=kubeconfig.parent, timeout=timeout)
+    if isinstance(user.get("exec"), dict):
+        return run_exec_plugin(user["exec"], folder=kubeconfig.parent, timeout=timeout)
+    if not _through_a_provider(user):
+        return None
+    provider = user.get("auth-provider")
+    name = provider.get("name") if isinstance(provider, dict) else None
+    plugin = {"command": sys.executable, "args": ["-m", "batchpilot.kube.provider_login"]}
+    return run_exec_plugin(
+        plugin,
+        folder=kubeconfig.parent,
+        timeout=timeout,
+        name=f"for the auth provider {name or '(unnamed)'}",
+    )
 
 
 def run_exec_plugin(

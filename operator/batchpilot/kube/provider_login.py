@@ -1,7 +1,7 @@
 """Prints the token a kubeconfig's legacy auth provider gives (`oidc`, or an older client's
 `gcp` and `azure`) as an ExecCredential, and exits.
 
-The operator runs this module as an exec plugin of its own (`logins.auth_provider_credential`)
+The operator runs this module as an exec plugin of its own (`logins.kubeconfig_credential`)
 because the Kubernetes client library, the one thing that refreshes such a token, does so with
 no deadline: in a child process the plugin's deadline and output cap bound it, a hung identity
 provider costs one killed process rather than the operator's login thread, and the library
