@@ -35,6 +35,7 @@ def _current_event_loop() -> Iterator[None]:
 
 
 DUMP_LOG_LINES = 20
+PREVIOUS_LOG_LINES = 80
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -219,6 +220,7 @@ def _add_diagnostics(item: pytest.Item, report: pytest.TestReport) -> None:
                 ),
             )
         )
+        report.sections.extend(_restarted_containers_logs(kube, namespace))
     for log_path in getattr(item, "operator_logs", []):
         lines = log_path.read_text(errors="replace").splitlines()[-60:]
         report.sections.append((f"operator log {log_path.name}", "\n".join(lines)))
@@ -227,6 +229,28 @@ def _add_diagnostics(item: pytest.Item, report: pytest.TestReport) -> None:
             lines = log.read_text(errors="replace").splitlines()[-DUMP_LOG_LINES:]
             name = log.relative_to(kube.local.logs_dir)
             report.sections.append((f"log tail {name}", "\n".join(lines)))
+
+
+def _restarted_containers_logs(kube: kubes.Kube, namespace: str) -> Iterator[tuple[str, str]]:
+    """The last lines a restarted container wrote before it ended: a Triton that crashed
+    (exit 139) in a reload says why only there, and the kubelet drops them with the Pod."""
+    for pod in kube.core.list_namespaced_pod(namespace).items:
+        pod_name = str(pod.metadata.name if pod.metadata else "")
+        for status in (pod.status.container_statuses if pod.status else None) or []:
+            if not status.restart_count:
+                continue
+            name = f"{pod_name}/{status.name}"
+            logs = kube.kubectl(
+                "logs",
+                "-n",
+                namespace,
+                pod_name,
+                "-c",
+                status.name,
+                "--previous",
+                f"--tail={PREVIOUS_LOG_LINES}",
+            )
+            yield (f"previous log of {name} (restarted {status.restart_count}x)", logs)
 
 
 @pytest.fixture(scope="session")

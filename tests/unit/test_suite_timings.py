@@ -24,7 +24,7 @@ def test_passes(cluster):
     assert cluster == "up"
 
 def test_fails():
-    assert False
+    assert 1 + 1 == 3, "arithmetic broke\\nsecond line"
 
 @pytest.mark.skip(reason="not here")
 def test_skipped():
@@ -63,10 +63,23 @@ def test_a_stage_records_every_test_and_the_report_counts_them(
     assert "  sample " in text
     assert "(exit 1)" in text
     assert "The 3 slowest of 3 tests" in text
-    *_, counts, failed = text.splitlines()
+    *_, counts, failed, reason = text.splitlines()
     assert counts == "suite: 1 passed, 1 failed, 1 skipped"
     assert failed.startswith("  failed: sample")
-    assert failed.endswith("test_sample.py::test_fails"), "the last line names what failed"
+    assert failed.endswith("test_sample.py::test_fails"), "the tail names what failed"
+    assert reason.strip().startswith("AssertionError: arithmetic broke | second line"), (
+        "and why, on one line"
+    )
+    assert tests["test_fails"].reason == reason.strip()
+
+
+def test_a_long_failure_reason_is_cut_to_one_short_line() -> None:
+    report = pytest.TestReport(
+        "test_x.py::test_y", ("test_x.py", 1, "test_y"), {}, "failed", "x\n" * 1000, "call"
+    )
+    reason = suite_timings.failure_reason(report)
+    assert "\n" not in reason
+    assert len(reason) <= suite_timings.REASON_CHARACTERS + 3
 
 
 def test_without_the_folder_the_plugin_writes_nothing(tmp_path: Path) -> None:

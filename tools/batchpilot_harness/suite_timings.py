@@ -35,6 +35,8 @@ STAGES_FILE = "stages.jsonl"
 SUITE_FILE = "suite.jsonl"
 DEFAULT_FOLDER = Path(".run/test-timings")
 SLOWEST = 25
+REASON_CHARACTERS = 300
+"""A failure's reason is cut here: CI's log tail must still show every failed test."""
 _PHASES = ("setup", "call", "teardown")
 
 
@@ -58,16 +60,25 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if folder is None or os.environ.get("PYTEST_XDIST_WORKER"):
         return
     stage = os.environ.get(STAGE_ENV, "tests")
-    _append(
-        folder / f"tests-{stage}.jsonl",
-        {
-            "stage": stage,
-            "test": report.nodeid,
-            "phase": report.when,
-            "seconds": round(report.duration, 3),
-            "outcome": report.outcome,
-        },
-    )
+    record: dict[str, Any] = {
+        "stage": stage,
+        "test": report.nodeid,
+        "phase": report.when,
+        "seconds": round(report.duration, 3),
+        "outcome": report.outcome,
+    }
+    if report.failed:
+        record["reason"] = failure_reason(report)
+    _append(folder / f"tests-{stage}.jsonl", record)
+
+
+def failure_reason(report: pytest.TestReport) -> str:
+    """What failed, on one line: the exception's message, as pytest's short summary gives it."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    message = getattr(crash, "message", None) or report.longreprtext.strip().splitlines()[-1:]
+    text = message if isinstance(message, str) else " ".join(message)
+    one_line = " | ".join(part.strip() for part in text.splitlines() if part.strip())
+    return one_line[:REASON_CHARACTERS] + ("..." if len(one_line) > REASON_CHARACTERS else "")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -96,6 +107,8 @@ class TestTime:
     outcome: str
     """passed, failed or skipped: a failed or skipped setup is the test's outcome."""
     fixtures: tuple[str, ...] = ()
+    reason: str = ""
+    """Why it failed, when it did (the first failing phase's message)."""
 
     @property
     def seconds(self) -> float:
@@ -116,6 +129,7 @@ class TestTime:
 def read_tests(folder: Path) -> list[TestTime]:
     phases: dict[tuple[str, str], dict[str, float]] = {}
     outcomes: dict[tuple[str, str], str] = {}
+    reasons: dict[tuple[str, str], str] = {}
     fixtures: dict[str, tuple[str, ...]] = {}
     for path in sorted(folder.glob("fixtures-*.jsonl")):
         for line in path.read_text().splitlines():
@@ -130,8 +144,17 @@ def read_tests(folder: Path) -> list[TestTime]:
             decides = record["phase"] == "call" or record["outcome"] in ("failed", "skipped")
             if decides and outcomes.get(key) != "failed":
                 outcomes[key] = record["outcome"]
+            if record.get("reason"):
+                reasons.setdefault(key, record["reason"])
     return [
-        TestTime(stage, test, found, outcomes.get((stage, test), "passed"), fixtures.get(test, ()))
+        TestTime(
+            stage,
+            test,
+            found,
+            outcomes.get((stage, test), "passed"),
+            fixtures.get(test, ()),
+            reasons.get((stage, test), ""),
+        )
         for (stage, test), found in phases.items()
     ]
 
@@ -195,7 +218,10 @@ def report(folder: Path, *, slowest: int = SLOWEST) -> str:
     ]
     # Last, so that a CI log's tail names what failed, not only how many.
     failures = [test for test in tests if test.outcome == "failed"]
-    lines += [f"  failed: {test.stage:<10} {test.test}" for test in failures]
+    for test in failures:
+        lines.append(f"  failed: {test.stage:<10} {test.test}")
+        if test.reason:
+            lines.append(f"          {'':<10} {test.reason}")
     return "\n".join(lines)
 
 
