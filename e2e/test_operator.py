@@ -550,8 +550,17 @@ def test_operator_exports_the_active_profile_and_updated_targets_while_live(
 ) -> None:
     ips = fleet.start_tritons(kube, namespace, 1)
     operator = start_operator()
-    operators.apply_policy(kube, namespace, fleet.policy())
-    waiting.wait_for("bulk everywhere", fleet.everyone_serves(ips, "bulk"), timeout=30)
+    with operators.statuses_watched(kube, namespace, "fleet") as seen:
+        operators.apply_policy(kube, namespace, fleet.policy())
+        waiting.wait_for("bulk everywhere", fleet.everyone_serves(ips, "bulk"), timeout=30)
+        waiting.wait_for("the rollout's status", lambda: bool(seen) and "activeProfile" in seen[-1])
+    # A new policy says its first rollout runs before it ends, and only then what is in force.
+    first = seen[0]
+    assert "activeProfile" not in first
+    assert first["desiredProfile"] == "bulk"
+    assert operators.condition(first, "Progressing")["reason"] == "RollingOut"
+    assert operators.condition(first, "Ready")["reason"] == "RollingOut"
+    assert operators.condition(seen[-1], "Ready")["reason"] == "RolledOut"
     policy = {"policy_namespace": namespace, "policy": "fleet"}
 
     def series() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -278,6 +278,12 @@ class Controller:
     ) -> tuple[float, Mapping[str, Any] | None]:
         """One reconcile from the policy's latest known status; the seconds until the next, and
         the status as this pass left it (None if unknown: its write failed)."""
+        known: Mapping[str, Any] | None = status
+
+        async def progress(interim: dict[str, Any]) -> None:
+            nonlocal known
+            known = await self.policies.write_status(namespace, name, known or {}, interim)
+
         try:
             outcome = await self.reconciler.reconcile(
                 namespace=namespace,
@@ -286,12 +292,13 @@ class Controller:
                 status=dict(status),
                 generation=(body.get("metadata") or {}).get("generation"),
                 state=state,
+                progress=progress,
             )
         except Exception:
             # A bug or an API outage must not end the policy's loop: report, back off, retry.
             delay = failing.failed(time.monotonic())
             logger.exception("%s/%s: reconcile failed; retrying in %gs", namespace, name, delay)
-            return delay, status
+            return delay, known
         failing.succeeded()
         for event in outcome.events:
             if event.reason in ("ProfileSwitched", "DryRunDecision"):
@@ -299,7 +306,8 @@ class Controller:
             await self.events.post(
                 body, type=event.type, reason=event.reason, message=event.message
             )
-        left = await self.policies.write_status(namespace, name, status, outcome.status)
+        # After a failed interim write, the whole status is written (kopf's copy is behind).
+        left = await self.policies.write_status(namespace, name, known or {}, outcome.status)
         await self._open_ungoverned(namespace)
         delay = self.options.interval
         if outcome.wake_at is not None:

@@ -20,7 +20,7 @@ import asyncio
 import collections
 import dataclasses
 import datetime
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -56,6 +56,9 @@ class SignalSource(Protocol):
 
     async def close(self) -> None: ...
 
+
+StatusProgress = Callable[[dict[str, Any]], Awaitable[None]]
+"""Writes a status while the pass runs: the one a rollout to a new profile starts with."""
 
 GovernorSource = Callable[[str], Sequence[governing.Governor]]
 """Every policy of a namespace, as the Pods it selects see it (the operator's index of them)."""
@@ -201,6 +204,22 @@ class _Observed:
     not_injected: tuple[str, ...] = ()
 
 
+def _rolls_out_a_new_profile(
+    policy: specs.BatchPolicySpec,
+    decision: decisions.Decision,
+    observed: _Observed,
+    previous: statuses.BatchPolicyStatus,
+) -> bool:
+    """Whether this pass is about to roll out a profile the status does not show yet."""
+    return (
+        not policy.dry_run
+        and bool(observed.replicas)
+        and not observed.survey.missing
+        and observed.credential_problem is None
+        and decision.profile != previous.active_profile
+    )
+
+
 def _wake_at(decision: decisions.Decision | None) -> datetime.datetime | None:
     """When the next scheduled change is decided: at its rollout start, which a lead makes
     earlier than the boundary."""
@@ -294,7 +313,10 @@ class Reconciler:
         status: Mapping[str, Any],
         generation: int | None,
         state: PolicyMemory,
+        progress: StatusProgress | None = None,
     ) -> Reconciled:
+        """One pass; with `progress`, a rollout to a newly decided profile is announced in the
+        status before it starts (`reporting.rolling_out`)."""
         now = self.clock()
         found = reporting.Findings(now=now.replace(microsecond=0), generation=generation)
         previous = reporting.previous_status(status)
@@ -319,6 +341,13 @@ class Reconciler:
             policy, now, observed.reading.signals, state.memory, lead=observed.lead.lead
         )
         previous_profile, state.memory = state.memory.profile, decision.memory
+        if progress is not None and _rolls_out_a_new_profile(policy, decision, observed, previous):
+            decided = dataclasses.replace(
+                found, policy=policy, decision=decision, replicas=observed.replicas
+            )
+            # The pass's own status follows from this one: its conditions keep their times.
+            previous = reporting.rolling_out(decided, previous)
+            await progress(reporting.document(previous))
         passed = await self._act(
             namespace, policy, decision, observed, state=state, generation=generation, now=now
         )

@@ -102,10 +102,48 @@ def missing_signals(policy: specs.BatchPolicySpec, measured: Mapping[str, float]
 def status(findings: Findings, previous: statuses.BatchPolicyStatus) -> dict[str, Any]:
     """The status to write, as the API takes it."""
     written = _invalid(findings, previous) if findings.problems else _decided(findings, previous)
-    document = written.model_dump(by_alias=True, mode="json", exclude_none=True)
+    found = document(written)
     # A merge patch keeps fields it does not mention; clear what no longer applies.
-    document.setdefault("nextTransitionTime", None)
-    return document
+    found.setdefault("nextTransitionTime", None)
+    return found
+
+
+def rolling_out(
+    findings: Findings, previous: statuses.BatchPolicyStatus
+) -> statuses.BatchPolicyStatus:
+    """The status while a rollout to a newly decided profile runs, written before it starts:
+    a rollout can take minutes (a load may take up to its timeout on each replica), and a new
+    policy would show nothing until then. activeProfile, the targets and the other conditions
+    stay as they were; the pass's own status replaces this one when the rollout ends."""
+    decision, policy = findings.decision, findings.policy
+    assert decision is not None, "a valid spec is decided"
+    assert policy is not None
+    count = len(findings.replicas)
+    at_a_time = min(policy.rollout.max_unavailable, count)
+    wanted = {
+        "Progressing": (
+            True,
+            "RollingOut",
+            f"rolling out {decision.profile} to {count} targets, {at_a_time} at a time",
+        )
+    }
+    if not any(condition.type == "Ready" for condition in previous.conditions):
+        wanted["Ready"] = (False, "RollingOut", f"the first rollout, of {decision.profile}, runs")
+    changed = {condition.type: condition for condition in conditions(wanted, findings, previous)}
+    kept = [changed.pop(condition.type, condition) for condition in previous.conditions]
+    return previous.model_copy(
+        update={
+            "desired_profile": decision.desired_profile,
+            "reason": decision.reason[:1024],
+            "conditions": [*kept, *changed.values()],
+            "observed_generation": findings.generation,
+        }
+    )
+
+
+def document(written: statuses.BatchPolicyStatus) -> dict[str, Any]:
+    """A status as the API takes it."""
+    return written.model_dump(by_alias=True, mode="json", exclude_none=True)
 
 
 def _invalid(

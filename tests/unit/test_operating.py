@@ -149,6 +149,37 @@ async def test_a_pass_starts_from_the_status_the_loop_wrote_before_the_body_catc
     assert reconciler.seen == [{}, {"activeProfile": "bulk"}]
 
 
+class RollingOut(ScriptedReconciler):
+    """Writes the interim status, then rolls out for a minute; the first rollout fails."""
+
+    async def reconcile(  # type: ignore[override]
+        self, *, status: dict[str, Any], progress: reconciling.StatusProgress, **kwargs: Any
+    ) -> reconciling.Reconciled:
+        self.seen.append(status)
+        self.calls.append(asyncio.get_running_loop().time())
+        await progress({"desiredProfile": "bulk", "observedGeneration": len(self.calls)})
+        await asyncio.sleep(60)
+        if len(self.calls) == 1:
+            raise RuntimeError("the rollout broke")
+        return reconciling.Reconciled(
+            at=START, status={"activeProfile": "bulk"}, events=(), wake_at=None
+        )
+
+
+@pytest.mark.looptime
+async def test_a_pass_writes_its_interim_status_at_once_and_its_own_after_it() -> None:
+    """A rollout's status is written when it starts, not a minute later when it ends; the
+    next pass starts from it, even after a pass that failed."""
+    reconciler, recorder = RollingOut(), Recorder()
+    await run_for(controller(reconciler, recorder, interval=5), 123)
+    assert recorder.statuses == [
+        {"desiredProfile": "bulk", "observedGeneration": 1},
+        {"desiredProfile": "bulk", "observedGeneration": 2},
+        {"activeProfile": "bulk"},
+    ]
+    assert reconciler.seen == [{}, {"desiredProfile": "bulk", "observedGeneration": 1}]
+
+
 def test_the_remembered_status_follows_merge_patch_semantics() -> None:
     before = {"activeProfile": "bulk", "targets": {"a": 1, "b": 2}, "conditions": [1, 2]}
     patch = {"targets": {"b": None, "c": 3}, "conditions": [3], "lastError": None}

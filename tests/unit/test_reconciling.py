@@ -57,6 +57,7 @@ async def reconcile(
     *,
     status: dict[str, Any] | None = None,
     state: reconciling.PolicyMemory | None = None,
+    progress: reconciling.StatusProgress | None = None,
 ) -> reconciling.Reconciled:
     return await subject.reconcile(
         namespace="ns",
@@ -65,6 +66,7 @@ async def reconcile(
         status=status or {},
         generation=3,
         state=state or reconciling.PolicyMemory(),
+        progress=progress,
     )
 
 
@@ -100,6 +102,75 @@ async def test_first_reconcile_switches_rolls_out_and_reports() -> None:
         ("RolledOut", "bulk on 2/2 targets in 0.0s (2 reloads)"),
     ]
     assert all(server.profile == "bulk" for server in fleet.servers.values())
+
+
+class Interim:
+    """Records each status written while a pass runs, with what the fleet served then."""
+
+    def __init__(self, fleet: FakeFleet) -> None:
+        self.fleet = fleet
+        self.written: list[tuple[dict[str, Any], list[str | None]]] = []
+
+    async def __call__(self, status: dict[str, Any]) -> None:
+        served = [server.profile for server in self.fleet.servers.values()]
+        self.written.append((status, served))
+
+
+@pytest.mark.looptime
+async def test_a_rollout_to_a_new_profile_is_in_the_status_before_it_starts() -> None:
+    """A rollout may take minutes (a load's timeout per replica): a new policy must not show
+    nothing until it ends, and a switch says it is under way."""
+    targets, fleet = two_servers()
+    interim = Interim(fleet)
+    state = reconciling.PolicyMemory()
+    first = await reconcile(
+        reconciler(targets, fleet), spec_document(), state=state, progress=interim
+    )
+    ((written, served),) = interim.written
+    assert served == [None, None], "written before the first reload"
+    assert "activeProfile" not in written, "nothing is in force yet"
+    assert written["desiredProfile"] == "bulk"
+    assert written["observedGeneration"] == 3
+    assert conditions(written) == {
+        "Progressing": ("True", "RollingOut"),
+        "Ready": ("False", "RollingOut"),
+    }
+    progressing = next(c for c in written["conditions"] if c["type"] == "Progressing")
+    assert progressing["message"] == "rolling out bulk to 2 targets, 1 at a time"
+    assert conditions(first.status)["Progressing"] == ("False", "Stable")
+    assert conditions(first.status)["Ready"] == ("True", "RolledOut")
+
+    steady = reconciler(targets, fleet, now=NOW + datetime.timedelta(seconds=30))
+    await reconcile(steady, spec_document(), status=first.status, state=state, progress=interim)
+    assert len(interim.written) == 1, "a pass that switches nothing writes no interim status"
+
+    later = NOW + datetime.timedelta(minutes=5)
+    switch = reconciler(targets, fleet, now=later)
+    spec = spec_document(defaultProfile="interactive")
+    second = await reconcile(switch, spec, status=first.status, state=state, progress=interim)
+    written, served = interim.written[-1]
+    assert served == ["bulk", "bulk"]
+    assert written["activeProfile"] == "bulk", "in force until the rollout ends"
+    assert written["desiredProfile"] == "interactive"
+    assert conditions(written)["Progressing"] == ("True", "RollingOut")
+    assert conditions(written)["Ready"] == ("True", "RolledOut"), "the rest stays as it was"
+    assert written["targets"] == first.status["targets"]
+    assert second.status["activeProfile"] == "interactive"
+    assert conditions(second.status)["Progressing"] == ("False", "Stable")
+    moved = next(c for c in second.status["conditions"] if c["type"] == "Progressing")
+    assert moved["lastTransitionTime"] == "2026-11-24T15:05:00Z", "it was True in between"
+
+
+@pytest.mark.looptime
+async def test_no_interim_status_for_a_dry_run_or_a_spec_that_cannot_apply() -> None:
+    targets, fleet = two_servers()
+    interim = Interim(fleet)
+    await reconcile(reconciler(targets, fleet), spec_document(dryRun=True), progress=interim)
+    lacking = spec_document(
+        target={"selector": {"matchLabels": {"app": "triton"}}, "models": ["gpu_sim", "absent"]}
+    )
+    await reconcile(reconciler(targets, fleet), lacking, progress=interim)
+    assert interim.written == []
 
 
 @pytest.mark.looptime

@@ -37,7 +37,9 @@ class Condition(Model):
     """The latest observation of one aspect of the policy's state."""
 
     type: Annotated[str, Field(max_length=64)]
-    """Ready, Progressing, Degraded, InvalidSpec, SignalsUnavailable, LeadTimeInsufficient,
+    """Ready, Progressing (True while a rollout to a newly decided profile runs, RollingOut;
+    while minDwellSeconds holds the desired profile back, DwellHolding; or while targets wait,
+    RolloutPending), Degraded, InvalidSpec, SignalsUnavailable, LeadTimeInsufficient,
     DrainIneffective, PodsContested (Pods it selects that an older policy governs),
     PodsNotInjected (Pods it selects that opted into the admission webhook but were created while
     it did not answer, so batchpilot cannot switch them), LimitExceeded (the operator's limits of
@@ -147,9 +149,11 @@ class BatchPolicyStatus(Model):
     """What the operator decided and how far the fleet has followed."""
 
     active_profile: str | None = None
-    """The profile in force: decided, and rolled out or rolling out."""
+    """The profile in force: decided, and rolled out (a rollout that failed on some targets
+    included: see targets). Set when a pass's rollout ends."""
     desired_profile: str | None = None
-    """The profile the rules ask for; differs from activeProfile while minDwellSeconds holds."""
+    """The profile the rules ask for; differs from activeProfile while minDwellSeconds holds,
+    and while a rollout to it runs (the Progressing condition says which)."""
     reason: Annotated[str, Field(max_length=1024)] = ""
     """Why the active profile applies."""
     last_transition_time: AwareDatetime | None = None
