@@ -113,8 +113,9 @@ def rolling_out(
 ) -> statuses.BatchPolicyStatus:
     """The status while a rollout to a newly decided profile runs, written before it starts:
     a rollout can take minutes (a load may take up to its timeout on each replica), and a new
-    policy would show nothing until then. activeProfile, the targets and the other conditions
-    stay as they were; the pass's own status replaces this one when the rollout ends."""
+    policy would show nothing until then. activeProfile, its reason, the targets and the other
+    conditions stay as they were; the pass's own status replaces this one when the rollout
+    ends."""
     decision, policy = findings.decision, findings.policy
     assert decision is not None, "a valid spec is decided"
     assert policy is not None
@@ -134,7 +135,6 @@ def rolling_out(
     return previous.model_copy(
         update={
             "desired_profile": decision.desired_profile,
-            "reason": decision.reason[:1024],
             "conditions": [*kept, *changed.values()],
             "observed_generation": findings.generation,
         }

@@ -34,7 +34,7 @@ def test_crd_names_and_columns() -> None:
     assert version["name"] == "v1alpha1"
     assert version["subresources"] == {"status": {}}
     columns = [column["name"] for column in version["additionalPrinterColumns"]]
-    assert columns == ["Profile", "Reason", "Targets", "Age"]
+    assert columns == ["Profile", "Desired", "Reason", "Targets", "Age"]
 
 
 def _nodes(schema: dict[str, Any], path: str) -> Iterator[tuple[str, dict[str, Any]]]:

@@ -136,6 +136,15 @@ def _render() -> dict[str, Any]:
                             "description": "The profile in force.",
                         },
                         {
+                            "name": "Desired",
+                            "type": "string",
+                            "jsonPath": ".status.desiredProfile",
+                            "description": (
+                                "The profile decided: another than Profile while minDwellSeconds "
+                                "holds it back or a rollout to it runs."
+                            ),
+                        },
+                        {
                             "name": "Reason",
                             "type": "string",
                             "jsonPath": ".status.reason",
