@@ -215,3 +215,17 @@ def test_the_node_reports_its_versions(kube: Kube) -> None:
     print(f"\n{json.dumps(versions)}")
     assert info.kubelet_version == kube.local.kubernetes_version
     assert info.container_runtime_version.startswith("containerd://2.")
+
+
+def test_the_node_weighs_as_much_as_the_host_s_cores_against_its_processes(kube: Kube) -> None:
+    """Its Pods compete with the host's processes (the local lane's Tritons, a vLLM engine) as a
+    machine of that many cores would, not as one process."""
+    if kube.local is None:
+        pytest.skip("needs the local cluster's real node")
+    hierarchies = [h for h in realnodes.cgroup_hierarchies() if (h / "cpu.shares").exists()]
+    if not hierarchies:
+        pytest.skip("no cgroup v1 cpu controller on this host")
+    cores = os.cpu_count() or 1
+    for hierarchy in hierarchies:
+        shares = hierarchy / kube.local.node.cgroup_root / "cpu.shares"
+        assert int(shares.read_text()) == realnodes.node_cpu_shares() == 1024 * cores

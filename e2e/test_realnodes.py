@@ -262,3 +262,8 @@ def test_a_cluster_starting_elsewhere_is_seen_by_its_processes_owner_mark(tmp_pa
         process.kill()
         process.wait()
     assert str(theirs) not in processes.other_owners(ours)
+
+
+def test_the_node_s_cpu_weight_is_a_process_s_for_each_core() -> None:
+    assert realnodes.node_cpu_shares(2) == 2048
+    assert realnodes.node_cpu_shares(1) == 1024

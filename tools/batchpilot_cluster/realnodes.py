@@ -73,6 +73,8 @@ KUBELET_CHAINS = (
 CRI_STATE = "io.containerd.grpc.v1.cri"
 """The CRI plugin's dir in containerd's state: sandboxes, and netns mounts."""
 UNIX_PATH_MAX = 107  # sun_path holds 108 bytes with the terminating NUL
+CPU_SHARES_PER_CORE = 1024
+"""cgroup v1's weight of one process at nice 0 (cpu.shares)."""
 
 
 class NodeError(Exception):
@@ -431,6 +433,16 @@ def cgroup_hierarchies(mounts: Path = CGROUP_MOUNTS) -> list[Path]:
     )
 
 
+def node_cpu_shares(cpus: int | None = None) -> int:
+    """The node's cgroup's weight against the host's processes: as many busy processes as the
+    host has cores (`CPU_SHARES_PER_CORE` each). The node's cgroup is one entity among the
+    host's tasks, so at the default weight every Pod on it together weighed as much as one
+    process: beside a vLLM engine and the local lane's Tritons, the Pods got a fraction of a
+    core, and Triton's Python-backend stubs missed their 1-s health-mutex deadlines ("Stub
+    process is not healthy") and the server crashed reloading them."""
+    return CPU_SHARES_PER_CORE * max(cpus or os.cpu_count() or 1, 1)
+
+
 def make_cgroup_root(node: Node) -> None:
     """The kubelet refuses a cgroupRoot that does not exist in every hierarchy it uses."""
     for hierarchy in cgroup_hierarchies():
@@ -442,6 +454,8 @@ def make_cgroup_root(node: Node) -> None:
             # A new cpuset has no CPUs or memory nodes until given its parent's.
             for name in ("cpuset.cpus", "cpuset.mems"):
                 (root / name).write_text((hierarchy / name).read_text())
+        if (root / "cpu.shares").exists():
+            (root / "cpu.shares").write_text(f"{node_cpu_shares()}\n")
 
 
 def make_bridge(node: Node) -> None:
