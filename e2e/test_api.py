@@ -39,7 +39,7 @@ def test_sample_policy_is_accepted_and_listed_with_its_columns(kube: Kube, names
     listed = kube.kubectl_run("get", "bp", "-n", namespace)
     assert listed.returncode == 0, listed.stderr
     header = listed.stdout.splitlines()[0].split()
-    assert header == ["NAME", "PROFILE", "REASON", "TARGETS", "AGE"]
+    assert header == ["NAME", "PROFILE", "DESIRED", "REASON", "TARGETS", "AGE"]
     assert listed.stdout.splitlines()[1].startswith("market-hours")
 
 
