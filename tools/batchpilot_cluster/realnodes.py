@@ -435,11 +435,11 @@ def cgroup_hierarchies(mounts: Path = CGROUP_MOUNTS) -> list[Path]:
 
 def node_cpu_shares(cpus: int | None = None) -> int:
     """The node's cgroup's weight against the host's processes: as many busy processes as the
-    host has cores (`CPU_SHARES_PER_CORE` each). The node's cgroup is one entity among the
-    host's tasks, so at the default weight every Pod on it together weighed as much as one
-    process: beside a vLLM engine and the local lane's Tritons, the Pods got a fraction of a
-    core, and Triton's Python-backend stubs missed their 1-s health-mutex deadlines ("Stub
-    process is not healthy") and the server crashed reloading them."""
+    host has cores (`CPU_SHARES_PER_CORE` each), as a machine of that many cores would get. The
+    node's cgroup is one entity among the host's tasks, so at the default weight every Pod on
+    it together weighed as much as one process, beside a vLLM engine and the local lane's
+    Tritons (where Triton's Python-backend stubs were once seen to miss their 1-s health-mutex
+    deadline: docs/tutorials/llm-fleet.md)."""
     return CPU_SHARES_PER_CORE * max(cpus or os.cpu_count() or 1, 1)
 
 
