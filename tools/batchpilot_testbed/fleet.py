@@ -27,6 +27,9 @@ from batchpilot_testbed import waiting
 from batchpilot_testbed.kubes import Kube
 from batchpilot_triton import endpoints, modelconfigs
 
+PROCESS_TIMEOUT_SECONDS = 30.0
+"""How long `process_in_pod` waits for a container the kubelet is restarting."""
+
 MODEL = "gpu_sim"
 GOVERNED_LABELS = {names.GOVERNED_LABEL: names.GOVERNED_VALUE}
 """The opt-in label: the operator watches only the Pods that carry it."""
@@ -397,9 +400,10 @@ def gate_open(kube: Kube, namespace: str, pod: str) -> bool:
     return pod_condition(kube, namespace, pod, pods.GATE) == "True"
 
 
-def process_in_pod(ip: str, program: str) -> int:
+def process_in_pod(ip: str, program: str, *, timeout: float = PROCESS_TIMEOUT_SECONDS) -> int:
     """The pid of the process of the Pod at `ip` (on the local cluster's real node) that runs
-    `program`: an executable's name (tritonserver) or a Python module's (batchpilot_sidecar)."""
+    `program`: an executable's name (tritonserver) or a Python module's (batchpilot_sidecar).
+    A container the kubelet is restarting has none for a moment: wait up to `timeout` for it."""
 
     def runs(pid: int) -> bool:
         try:
@@ -408,11 +412,16 @@ def process_in_pod(ip: str, program: str) -> int:
             return False
         return program in [Path(arg.decode(errors="replace")).name for arg in argv[:3]]
 
-    running = {pid for pid in podsandboxes.pids(ip) if runs(pid)}
-    # Triton forks before it execs a Python stub: for that instant the child's cmdline is its
-    # parent's. The program is the process whose parent is not itself a copy.
-    (pid,) = [pid for pid in running if (found := procfs.stat(pid)) and found.parent not in running]
-    return pid
+    def the_one() -> int | None:
+        running = {pid for pid in podsandboxes.pids(ip) if runs(pid)}
+        # Triton forks before it execs a Python stub: for that instant the child's cmdline is
+        # its parent's. The program is the process whose parent is not itself a copy.
+        programs = [
+            pid for pid in running if (stat := procfs.stat(pid)) and stat.parent not in running
+        ]
+        return programs[0] if len(programs) == 1 else None
+
+    return waiting.wait_for(f"{program} running in the Pod at {ip}", the_one, timeout=timeout)
 
 
 def pod_log(kube: Kube, namespace: str, pod: str, container: str) -> str:
