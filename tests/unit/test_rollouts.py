@@ -38,6 +38,19 @@ async def roll_out(
     return await rollouts.roll_out(replicas, found, plan(**rollout), fleet, gates or FakeGates())
 
 
+async def drain_of_one_gated_pod(drain_timeout_seconds: int, **server: object) -> rollouts.Drain:
+    """Switch one gated Pod whose server reports `server` (queue and completions per look);
+    the drain its switch ran."""
+    gated = target("triton-0", gated=True, gate="True")
+    fleet = fleet_for([gated], **server)
+    result = await roll_out(
+        [gated], fleet, FakeGates(fleet), drainTimeoutSeconds=drain_timeout_seconds
+    )
+    drain = result.outcomes[0].drain
+    assert drain is not None
+    return drain
+
+
 @pytest.mark.looptime
 async def test_replicas_already_running_the_profile_are_left_alone() -> None:
     replicas = [target("triton-0"), target("triton-1")]
@@ -335,11 +348,7 @@ async def test_a_pod_that_keeps_receiving_requests_is_drained_until_the_timeout_
 
 @pytest.mark.looptime
 async def test_a_pod_whose_requests_stop_is_drained_without_waiting_for_the_timeout() -> None:
-    gated = target("triton-0", gated=True, gate="True")
-    fleet = fleet_for([gated], pending=[2, 0, 0], completed=[100, 102, 102])
-    result = await roll_out([gated], fleet, FakeGates(fleet), drainTimeoutSeconds=30)
-    drain = result.outcomes[0].drain
-    assert drain is not None
+    drain = await drain_of_one_gated_pod(30, pending=[2, 0, 0], completed=[100, 102, 102])
     assert not drain.ineffective
     assert not drain.timed_out
     assert drain.seconds < 1.5
@@ -349,12 +358,8 @@ async def test_a_pod_whose_requests_stop_is_drained_without_waiting_for_the_time
 async def test_a_sparse_client_pinned_to_the_pod_is_drained_until_the_timeout() -> None:
     # One keep-alive connection, a request every third poll: gaps longer than a poll between
     # requests that keep coming. The quiet window scales with the gaps it saw.
-    gated = target("triton-0", gated=True, gate="True")
     polls = [3.0 + n // 3 for n in range(10_000)]
-    fleet = fleet_for([gated], completed=[0.0, *polls])
-    result = await roll_out([gated], fleet, FakeGates(fleet), drainTimeoutSeconds=6)
-    drain = result.outcomes[0].drain
-    assert drain is not None
+    drain = await drain_of_one_gated_pod(6, completed=[0.0, *polls])
     assert drain.timed_out, f"ended after a gap: {drain}"
     assert drain.ineffective
     assert not drain.late
@@ -363,12 +368,8 @@ async def test_a_sparse_client_pinned_to_the_pod_is_drained_until_the_timeout() 
 @pytest.mark.looptime
 async def test_requests_that_stop_after_the_settle_time_are_late_not_ineffective() -> None:
     # A proxy that learned of the Pod's leaving 2 s late: requests for 2 s, then none.
-    gated = target("triton-0", gated=True, gate="True")
     arriving = [20.0 + 2 * n for n in range(11)]
-    fleet = fleet_for([gated], completed=[0.0, *arriving, arriving[-1]])
-    result = await roll_out([gated], fleet, FakeGates(fleet), drainTimeoutSeconds=15)
-    drain = result.outcomes[0].drain
-    assert drain is not None
+    drain = await drain_of_one_gated_pod(15, completed=[0.0, *arriving, arriving[-1]])
     assert drain.arrived == 20
     assert not drain.timed_out
     assert drain.late
@@ -380,11 +381,7 @@ async def test_requests_that_stop_after_the_settle_time_are_late_not_ineffective
 async def test_a_pod_with_few_requests_is_drained_within_a_few_of_their_gaps() -> None:
     # Two requests during the 0.5-s settle time, none after: a gap of 0.25 s, so a second of
     # quiet, not the drain timeout.
-    gated = target("triton-0", gated=True, gate="True")
-    fleet = fleet_for([gated], completed=[0.0, 2.0, 2.0])
-    result = await roll_out([gated], fleet, FakeGates(fleet), drainTimeoutSeconds=15)
-    drain = result.outcomes[0].drain
-    assert drain is not None
+    drain = await drain_of_one_gated_pod(15, completed=[0.0, 2.0, 2.0])
     assert not drain.timed_out
     assert drain.seconds == pytest.approx(0.5 + rollouts.QUIET_GAPS * 0.25, abs=0.2)
 
@@ -392,10 +389,6 @@ async def test_a_pod_with_few_requests_is_drained_within_a_few_of_their_gaps() -
 @pytest.mark.looptime
 async def test_requests_that_follow_the_service_end_the_drain_after_one_quiet_poll() -> None:
     # Many requests during the settle time, none after: the rate they set is no reason to wait.
-    gated = target("triton-0", gated=True, gate="True")
-    fleet = fleet_for([gated], completed=[0.0, 150.0, 150.0])
-    result = await roll_out([gated], fleet, FakeGates(fleet), drainTimeoutSeconds=15)
-    drain = result.outcomes[0].drain
-    assert drain is not None
+    drain = await drain_of_one_gated_pod(15, completed=[0.0, 150.0, 150.0])
     assert drain.arrived == 0
     assert drain.seconds == pytest.approx(0.5 + rollouts.DRAIN_POLL_SECONDS)
