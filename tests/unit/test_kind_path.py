@@ -137,3 +137,34 @@ def test_with_neither_engine_the_error_says_what_is_missing(
     monkeypatch.setattr(engines.shutil, "which", lambda name: None)
     with pytest.raises(engines.EngineError, match="no docker command; no podman command"):
         engines.detect(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("clusters_listed", "running", "deleted"),
+    [
+        ("batchpilot\n", "true\n", False),
+        ("batchpilot\n", "false\n", True),
+        ("No kind clusters found.\n", "", False),
+    ],
+)
+def test_a_cluster_whose_node_is_stopped_is_deleted_before_up_makes_one(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    clusters_listed: str,
+    running: str,
+    deleted: bool,
+) -> None:
+    # CI's machine starts from a snapshot: a node container left running there exists, stopped,
+    # and `kind export kubeconfig` failed on it ("cannot exec in a stopped container").
+    commands: list[list[str]] = []
+
+    def kind_run(argv: list[str], **_: object) -> str:
+        commands.append(list(argv))
+        return clusters_listed if argv[1:] == ["get", "clusters"] else ""
+
+    inspected = subprocess.CompletedProcess([], 0 if running else 125, running, "")
+    monkeypatch.setattr(kind_main, "run", kind_run)
+    monkeypatch.setattr(engines.subprocess, "run", lambda *args, **kwargs: inspected)
+    engine = engines.Engine(name="podman", state=tmp_path)
+    assert kind_main.remove_if_stopped(Path("/bin/kind"), engine) is deleted
+    assert (["/bin/kind", "delete", "cluster", "--name", "batchpilot"] in commands) is deleted

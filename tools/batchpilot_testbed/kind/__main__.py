@@ -156,6 +156,19 @@ def existing_clusters(kind: Path, engine: engines.Engine) -> list[str]:
     return run([str(kind), "get", "clusters"], env=engine.environment(), capture=True).split()
 
 
+def remove_if_stopped(kind: Path, engine: engines.Engine) -> bool:
+    """Delete the cluster if its node is stopped; return whether it was.
+
+    kind lists a cluster by its node container, running or not. One left by a run on a machine
+    that stopped since (a reboot, a snapshot CI starts from) answers no command ("cannot exec in
+    a stopped container"), and kind cannot restart it whole: it is made again."""
+    if CLUSTER not in existing_clusters(kind, engine) or engine.is_running(NODE):
+        return False
+    print(f"the kind cluster {CLUSTER} exists but its node {NODE} is stopped: making it again")
+    run([str(kind), "delete", "cluster", "--name", CLUSTER], env=engine.environment())
+    return True
+
+
 def up() -> dict[str, float]:
     """Everything `test` needs; returns the seconds each step took."""
     timings: dict[str, float] = {}
@@ -181,6 +194,7 @@ def up() -> dict[str, float]:
     config = kubeconfig()
     config.parent.mkdir(parents=True, exist_ok=True)
     environment = engine.environment()
+    remove_if_stopped(kind, engine)
     if CLUSTER not in existing_clusters(kind, engine):
         engine.prepare()
         config_file = state_dir() / "kind-config.yaml"

@@ -134,6 +134,20 @@ class Engine:
         if self.succeeds("network", "inspect", NETWORK):
             self.run("network", "rm", NETWORK)
 
+    def is_running(self, container: str) -> bool:
+        """Whether the container exists and runs: a node left by a run on a machine that was
+        stopped since (a snapshot, a reboot) exists, stopped, and answers no command."""
+        done = subprocess.run(
+            [self.name, "inspect", "--type", "container", "--format", "{{.State.Running}}",
+             container],
+            env=self.environment(),
+            capture_output=True,
+            text=True,
+            timeout=COMMAND_TIMEOUT_SECONDS,
+            check=False,
+        )  # fmt: skip
+        return done.returncode == 0 and done.stdout.strip() == "true"
+
     def has_image(self, reference: str) -> bool:
         return self.succeeds("image", "inspect", reference)
 
