@@ -186,7 +186,7 @@ def test_triton_killed_in_the_middle_of_a_reload_comes_back_on_the_decided_profi
         rate=60,
         seed=3,
     )
-    with load:
+    with load, fleet.readiness_watched(kube, namespace, "app=triton") as readiness:
         load.start()
         time.sleep(2)
         operators.apply_policy(kube, namespace, fleet.policy(**ONE_AT_A_TIME, override=INTERACTIVE))
@@ -224,6 +224,10 @@ def test_triton_killed_in_the_middle_of_a_reload_comes_back_on_the_decided_profi
     )
     assert len(records) > 500
     assert failed == [], failed[:5]
+    # triton-1's gate closed only once the restarted triton-0 was Ready again: always one Pod
+    # Ready and staying (cold3, before the rollout waited for that: 2 requests refused at the
+    # Service's address).
+    assert readiness.fewest_serving() == 1, readiness.snapshots
     # The kubelet restarted the container, and the Pod was Ready again only on the decided
     # profile: the operator closed its gate before Triton's probe passed.
     assert watch.restarted

@@ -230,7 +230,7 @@ def test_an_unmodified_deployment_labelled_after_install_is_injected_and_switche
     )
     gates = fleet.GateHistory(kube, namespace, SELECTOR)
     try:
-        with load:
+        with load, fleet.readiness_watched(kube, namespace, SELECTOR) as readiness:
             load.start()
             patch = {"spec": {"override": {"profile": "interactive", "reason": "e2e"}}}
             joining.kubectl("patch", "bp", "triton", "--type=merge", "-p", json.dumps(patch))
@@ -250,6 +250,9 @@ def test_an_unmodified_deployment_labelled_after_install_is_injected_and_switche
     assert len(records) > RATE * 3
     assert not failed, [record.error for record in failed[:5]]
     assert gates.went_false() == set(ips)
+    # A Pod's gate closes only once the one let back in is Ready (in the API server's order,
+    # which the endpoint controller follows): always one Pod Ready and staying.
+    assert readiness.fewest_serving() == 1, readiness.snapshots
 
 
 @pytest.mark.timeout(240)

@@ -5,6 +5,8 @@ in tests/unit/test_switch_failures.py covers every step and exception with a scr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 
 from batchpilot.api.v1alpha1 import specs
@@ -35,6 +37,9 @@ class Gates:
         self, namespace: str, pod: str, *, applied: bool, reason: str, message: str
     ) -> None:
         self.changes.append((pod, applied, reason))
+
+    async def wait_ready(self, namespace: str, pods: Sequence[str], *, within: float) -> list[str]:
+        return []  # the kubelet's part: these Pods are Ready once their gate opens
 
 
 @pytest.mark.timeout(120)

@@ -156,6 +156,9 @@ class FakeGates:
         self.messages: list[str] = []
         self.fail: dict[bool, BaseException] = {}
         """The API error a write of the gate to True (or False) raises, once."""
+        self.never_ready: set[str] = set()
+        """Pods that are not Ready however long a rollout waits (the others are at once)."""
+        self.waits: list[list[str]] = []
 
     async def set_gate(
         self, namespace: str, pod: str, *, applied: bool, reason: str, message: str
@@ -166,6 +169,15 @@ class FakeGates:
         self.messages.append(message)
         if self.fleet is not None:
             self.fleet.calls.append(("gate-" + ("open" if applied else "close"), pod))
+
+    async def wait_ready(self, namespace: str, pods: Sequence[str], *, within: float) -> list[str]:
+        self.waits.append(list(pods))
+        if self.fleet is not None:
+            self.fleet.calls.extend(("wait-ready", pod) for pod in pods)
+        late = sorted(set(pods) & self.never_ready)
+        if late:
+            await asyncio.sleep(within)
+        return late
 
 
 class FakePods:

@@ -170,3 +170,44 @@ def test_a_serving_container_that_is_not_running_has_no_run_and_says_why() -> No
 def test_a_pod_that_reports_no_container_statuses_says_nothing_of_its_serving_container() -> None:
     (found,), _ = pods.replicas_from_pods([triton_and_sidecar()], target_spec(port="http"))
     assert found.serving is None
+
+
+@pytest.mark.looptime
+async def test_wait_ready_returns_once_the_watch_shows_each_pod_ready() -> None:
+    loop = asyncio.get_running_loop()
+    reader = pods.Pods(client.KubeClient(), clock=loop.time)
+    index: dict[str | None, list[dict[str, Any]]] = {
+        "ns": [pod("triton-0", conditions=[{"type": "Ready", "status": "False"}])]
+    }
+    reader.index = index
+
+    async def kubelet_makes_it_ready() -> None:
+        await asyncio.sleep(3)
+        index["ns"][0]["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+
+    started = loop.time()
+    _, late = await asyncio.gather(
+        kubelet_makes_it_ready(), reader.wait_ready("ns", ["triton-0"], within=30)
+    )
+    assert late == []
+    assert 3 <= loop.time() - started < 3 + 2 * pods.READY_POLL_SECONDS
+
+
+@pytest.mark.looptime
+async def test_wait_ready_names_the_pods_not_ready_at_its_timeout_and_those_gone() -> None:
+    loop = asyncio.get_running_loop()
+    reader = pods.Pods(client.KubeClient(), clock=loop.time)
+    deleting = pod("triton-2", metadata={"deletionTimestamp": "2026-11-29T00:00:00Z"})
+    reader.index = {
+        "ns": [
+            pod("triton-0", conditions=[{"type": "Ready", "status": "True"}]),
+            pod("triton-1", conditions=[{"type": "Ready", "status": "False"}]),
+            deleting,
+        ]
+    }
+    started = loop.time()
+    late = await reader.wait_ready(
+        "ns", ["triton-0", "triton-1", "triton-2", "triton-9"], within=30
+    )
+    assert late == ["triton-1", "triton-2", "triton-9"]
+    assert loop.time() - started == pytest.approx(30, abs=2 * pods.READY_POLL_SECONDS)

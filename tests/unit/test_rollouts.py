@@ -247,6 +247,57 @@ async def test_no_gated_replica_leaves_its_services_while_a_dead_one_fills_the_b
 
 
 @pytest.mark.looptime
+async def test_the_next_pod_leaves_its_services_only_once_the_one_let_back_in_is_ready() -> None:
+    # cold3: triton-0's gate opened and triton-1's closed at once, before the kubelet had made
+    # triton-0 Ready: for a moment the Service had no Ready endpoint, and 2 requests were refused.
+    replicas = [target(f"triton-{i}", gated=True, gate="True") for i in range(3)]
+    fleet = fleet_for(replicas)
+    gates = FakeGates(fleet)
+    result = await roll_out(replicas, fleet, gates, maxUnavailable=1)
+    assert result.count("Updated") == 3
+    steps = [call for call in fleet.calls if call[0] in ("gate-open", "gate-close", "wait-ready")]
+    assert steps == [
+        ("gate-close", "triton-0"),
+        ("gate-open", "triton-0"),
+        ("wait-ready", "triton-0"),
+        ("gate-close", "triton-1"),
+        ("gate-open", "triton-1"),
+        ("wait-ready", "triton-1"),
+        ("gate-close", "triton-2"),
+        ("gate-open", "triton-2"),
+    ]
+
+
+@pytest.mark.looptime
+async def test_a_pod_let_back_in_that_never_turns_ready_holds_the_rest_in_service() -> None:
+    # triton-0 is out of its Services (a rollback that failed, say), so it goes first.
+    replicas = [
+        target("triton-0", gated=True, gate="False"),
+        target("triton-1", gated=True, gate="True"),
+    ]
+    fleet = fleet_for(replicas)
+    gates = FakeGates(fleet)
+    gates.never_ready = {"triton-0"}
+    result = await roll_out(replicas, fleet, gates, maxUnavailable=1)
+    assert [o.state for o in result.outcomes] == ["Updated", "Pending"]
+    assert result.outcomes[1].message == "held: triton-0 out of service, rollout.maxUnavailable 1"
+    assert gates.changes == [("triton-0", False, "Switching"), ("triton-0", True, "ConfigApplied")]
+    assert gates.waits == [["triton-0"]]
+    assert result.seconds >= rollouts.READY_TIMEOUT_SECONDS
+
+
+@pytest.mark.looptime
+async def test_pods_already_out_of_service_and_ungated_replicas_switch_without_a_wait() -> None:
+    closed = [target(f"triton-{i}", gated=True, gate="False") for i in range(2)]
+    plain = [target("triton-2"), target("triton-3")]
+    fleet = fleet_for([*closed, *plain])
+    gates = FakeGates(fleet)
+    result = await roll_out([*closed, *plain], fleet, gates, maxUnavailable=1)
+    assert result.count("Updated") == 4
+    assert gates.waits == []  # none of its waves took a serving Pod out of its Services
+
+
+@pytest.mark.looptime
 async def test_a_dead_replica_narrows_the_waves_of_gated_ones() -> None:
     replicas = [target(f"triton-{i}", gated=True, gate="True") for i in range(4)]
     fleet = fleet_for(replicas)

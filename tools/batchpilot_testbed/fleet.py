@@ -13,10 +13,11 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import kubernetes.watch
 from kubernetes import client
 
 from batchpilot.api import names
@@ -28,6 +29,8 @@ from batchpilot_testbed.kubes import Kube
 from batchpilot_triton import endpoints, modelconfigs
 
 PROCESS_TIMEOUT_SECONDS = 30.0
+WATCH_SECONDS = 600
+"""The longest a test's watch of Pods runs; the API server ends it there."""
 """How long `process_in_pod` waits for a container the kubelet is restarting."""
 
 MODEL = "gpu_sim"
@@ -539,6 +542,89 @@ def users_deployment(
             },
         },
     }
+
+
+@dataclasses.dataclass(frozen=True)
+class PodState:
+    ready: bool
+    """The kubelet's Ready condition: what the endpoint controller reads."""
+    leaving: bool
+    """batchpilot's readiness gate is False: the kubelet is about to make it not Ready."""
+
+
+@dataclasses.dataclass
+class Readiness:
+    """Each Pod's Ready condition and readiness gate as a watch saw them, after each change, in
+    the API server's order: the operator's gate writes and the kubelet's Ready writes as the
+    endpoint controller reads them."""
+
+    snapshots: list[dict[str, PodState]] = dataclasses.field(default_factory=list)
+
+    def fewest_serving(self) -> int:
+        """The fewest Pods at once that were Ready and not leaving (their gate not False).
+        0 means a Pod was taken out while none other was Ready to stay: a moment, short or
+        not, when the Service could be left with no endpoint."""
+        return min(
+            (
+                sum(state.ready and not state.leaving for state in snapshot.values())
+                for snapshot in self.snapshots
+            ),
+            default=0,
+        )
+
+
+@contextlib.contextmanager
+def readiness_watched(kube: Kube, namespace: str, selector: str) -> Iterator[Readiness]:
+    """The Ready condition and readiness gate of the Pods `selector` picks while the block runs,
+    from a watch started before it (its first snapshots are the Pods as they were): a moment
+    too short for polling to catch too."""
+    readiness = Readiness()
+    states: dict[str, PodState] = {}
+    watch = kubernetes.watch.Watch()  # type: ignore[no-untyped-call]
+    started, stopping = threading.Event(), threading.Event()
+    broken: list[Exception] = []
+
+    def follow() -> None:
+        stream = watch.stream(  # type: ignore[no-untyped-call]
+            kube.core.list_namespaced_pod,
+            namespace,
+            label_selector=selector,
+            timeout_seconds=WATCH_SECONDS,
+            _request_timeout=WATCH_SECONDS + 10,
+        )
+        started.set()
+        try:
+            for event in stream:
+                pod = event["object"]
+                name = str(pod.metadata.name)
+                if event["type"] == "DELETED":
+                    states.pop(name, None)
+                else:
+                    conditions = {
+                        c.type: c.status
+                        for c in (pod.status.conditions if pod.status else None) or []
+                    }
+                    states[name] = PodState(
+                        ready=conditions.get("Ready") == "True",
+                        leaving=conditions.get(pods.GATE) == "False",
+                    )
+                if not readiness.snapshots or readiness.snapshots[-1] != states:
+                    readiness.snapshots.append(dict(states))
+        except Exception as error:  # stopping closes the stream under the reader
+            if not stopping.is_set():
+                broken.append(error)
+
+    follower = threading.Thread(target=follow, daemon=True)
+    follower.start()
+    started.wait(timeout=10)
+    try:
+        yield readiness
+    finally:
+        stopping.set()
+        watch.stop()  # type: ignore[no-untyped-call]
+        follower.join(timeout=5)
+    if broken:
+        raise AssertionError(f"the watch of Pods {selector} in {namespace} broke: {broken[0]!r}")
 
 
 class GateHistory:

@@ -18,7 +18,10 @@ but a cancellation raises past it. Once `maxUnavailable` replicas have failed, t
 stops and the rest keep their current profile until the next attempt. A replica that
 does not answer is reported and skipped, and is not counted as a failure; but it serves no
 one, so while `maxUnavailable` replicas are out of service (unreachable, or gated out) no other
-gated replica leaves its Services: the rest are held until it is back.
+gated replica leaves its Services: the rest are held until it is back. A Pod whose gate a pass
+opened is back once it is Ready: the next wave waits for that (READY_TIMEOUT_SECONDS at most,
+then the Pod counts as out of service), or a Pod reopened and another closed at the same moment
+could leave a Service with no Ready endpoint.
 
 A gated replica whose Triton container restarted after its gate opened serves its
 repository's configuration again; its gate is closed first of all, so that the kubelet does not
@@ -60,6 +63,10 @@ ApplyError = Literal[
 ]
 """Why applying to a replica failed: the `reason` label of `batchpilot_apply_errors_total`."""
 DRAIN_POLL_SECONDS = 0.2
+READY_TIMEOUT_SECONDS = 30.0
+"""How long a Pod whose gate a pass opened may take to be Ready before it counts as out of
+service (`_Reopening`): the kubelet's readiness probe of a Triton that restarted can take a
+period or two (10 s each by default)."""
 QUIET_GAPS = 4
 """A drain ends once the queue is empty and no request came for this many mean gaps between
 the requests it saw arrive (and at least twice its longest gap, and at least one poll): a client
@@ -113,6 +120,10 @@ class Gates(Protocol):
         self, namespace: str, pod: str, *, applied: bool, reason: str, message: str
     ) -> None: ...
 
+    async def wait_ready(self, namespace: str, pods: Sequence[str], *, within: float) -> list[str]:
+        """Wait, at most `within` seconds, until each Pod is Ready; those that are not by then."""
+        ...
+
 
 class NoGates:
     """Gates of replicas that have none: the runner's servers are never gated."""
@@ -121,6 +132,49 @@ class NoGates:
         self, namespace: str, pod: str, *, applied: bool, reason: str, message: str
     ) -> None:
         raise AssertionError(f"{pod} has no readiness gate to set")
+
+    async def wait_ready(self, namespace: str, pods: Sequence[str], *, within: float) -> list[str]:
+        raise AssertionError(f"{', '.join(pods)}: no readiness gate was opened to wait on")
+
+
+class _Reopening:
+    """One pass's gate writes, remembering the Pods it let back into their Services and has not
+    yet seen Ready: an open gate is not yet a Pod in its Services. The kubelet still has to
+    read the gate (and, after a restart, see Triton's readiness probe pass) and the endpoint
+    change has to follow, so a Pod reopened and another closed at once can leave a Service
+    with no Ready endpoint for a moment (requests refused at its ClusterIP)."""
+
+    def __init__(self, gates: Gates) -> None:
+        self._gates = gates
+        self.pods: set[str] = set()
+
+    async def set_gate(
+        self, namespace: str, pod: str, *, applied: bool, reason: str, message: str
+    ) -> None:
+        await self._gates.set_gate(namespace, pod, applied=applied, reason=reason, message=message)
+        if applied:
+            self.pods.add(pod)
+        else:
+            self.pods.discard(pod)
+
+    async def wait_ready(self, namespace: str, pods: Sequence[str], *, within: float) -> list[str]:
+        return await self._gates.wait_ready(namespace, pods, within=within)
+
+    async def not_ready(self, namespace: str) -> list[str]:
+        """Wait until the Pods this pass reopened are Ready (READY_TIMEOUT_SECONDS at most);
+        the ones that are not by then."""
+        if not self.pods:
+            return []
+        reopened, self.pods = sorted(self.pods), set()
+        late = await self._gates.wait_ready(namespace, reopened, within=READY_TIMEOUT_SECONDS)
+        for pod in late:
+            logger.warning(
+                "pod %s: not Ready %gs after its gate opened; no other Pod leaves its "
+                "Services for it",
+                pod,
+                READY_TIMEOUT_SECONDS,
+            )
+        return late
 
 
 @dataclass(frozen=True)
@@ -247,6 +301,7 @@ async def roll_out(
     replicas: Sequence[Replica], survey: Survey, plan: Plan, fleet: Fleet, gates: Gates
 ) -> Result:
     started = asyncio.get_running_loop().time()
+    gates = _Reopening(gates)
     replicas, restarts = await _close_restarted(replicas, plan, gates)
     settled = [
         _unreachable(r, survey.unreachable[r.name])
@@ -296,6 +351,13 @@ async def roll_out(
             )
             break
         wave = _next_wave(behind, limit, out)
+        if any(_takes_out(replica) for replica in wave):
+            # Not before the Pods this pass let back in serve: a Pod that is not Ready by
+            # then counts as out of service, and the wave is chosen again.
+            late = await gates.not_ready(plan.namespace)
+            if late:
+                out |= set(late)
+                wave = _next_wave(behind, limit, out)
         if not wave:
             held = f"held: {', '.join(sorted(out))} out of service, rollout.maxUnavailable {limit}"
             settled.extend(Outcome(replica, "Pending", None, held) for replica in behind)
@@ -387,6 +449,11 @@ def _out_of_service(replica: Replica) -> bool:
     return replica.gated and replica.gate != "True"
 
 
+def _takes_out(replica: Replica) -> bool:
+    """Switching the replica takes a Pod that serves out of its Services."""
+    return replica.gated and not _out_of_service(replica)
+
+
 def _next_wave(behind: Sequence[Replica], limit: int, out: set[str]) -> list[Replica]:
     """Up to `limit` replicas to switch side by side. A gated replica that serves is taken out
     of its Services only while fewer than `limit` replicas are out (unreachable, gated False,
@@ -398,7 +465,7 @@ def _next_wave(behind: Sequence[Replica], limit: int, out: set[str]) -> list[Rep
     for replica in behind:
         if len(wave) == limit:
             break
-        if replica.gated and not _out_of_service(replica):
+        if _takes_out(replica):
             if room <= 0:
                 continue
             room -= 1

@@ -35,7 +35,7 @@ import datetime
 import logging
 import time
 import urllib.parse
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +61,8 @@ NOT_INJECTED_LISTED = 50
 """The most such Pods a LIST asks for (a page); where the API server had more, "more" says so."""
 NOT_INJECTED_NAMED = 10
 """The most of them a status names."""
+READY_POLL_SECONDS = 0.2
+"""How often `wait_ready` looks at the index (memory, not the API)."""
 
 
 PodIndex = Mapping[str | None, Iterable[Mapping[str, Any]]]
@@ -342,6 +344,29 @@ class Pods:
             reason="NotGoverned",
             message=f"{why}; it serves the configuration it runs",
         )
+
+    async def wait_ready(self, namespace: str, pods: Sequence[str], *, within: float) -> list[str]:
+        """Wait, at most `within` seconds, until each Pod is Ready as the watch last saw it;
+        the ones that are not by then (a Pod gone or being deleted at once). Read from the
+        index, so the wait costs no request: it sees a Pod Ready once the API server has it
+        so, and the endpoint controller acts on that same change."""
+        deadline = self._clock() + within
+        waiting, gone = set(pods), set[str]()
+        while True:
+            by_name = {
+                pod["metadata"]["name"]: pod for pod in (self.index or {}).get(namespace) or ()
+            }
+            gone |= {
+                name
+                for name in waiting
+                if name not in by_name or by_name[name]["metadata"].get("deletionTimestamp")
+            }
+            waiting = {
+                name for name in waiting - gone if _condition(by_name[name], "Ready") != "True"
+            }
+            if not waiting or self._clock() >= deadline:
+                return sorted(gone | waiting)
+            await asyncio.sleep(READY_POLL_SECONDS)
 
     async def set_gate(
         self, namespace: str, pod: str, *, applied: bool, reason: str, message: str
