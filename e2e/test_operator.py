@@ -24,7 +24,7 @@ from prometheus_client import parser
 
 from batchpilot.applying import rollouts
 from batchpilot_cluster import podnetwork
-from batchpilot_harness import loadgen
+from batchpilot_harness import loadgen, procfs
 from batchpilot_testbed import balancing, clients, fleet, operators, waiting
 from batchpilot_testbed.kubes import Kube
 from batchpilot_testbed.operators import OperatorProcess
@@ -448,6 +448,38 @@ def test_readiness_gate_switch_through_a_service_fails_no_request(
     assert drains["status"] == "False", drains
     assert not operators.events(kube, namespace, "DrainIneffective")
     assert slowest < 0.5, "a request waited for a reload"
+
+
+@pytest.mark.timeout(180)
+def test_replicas_reading_their_models_from_an_image_volume_are_switched(
+    kube: Kube, namespace: str, start_operator: StartOperator
+) -> None:
+    """The model repository as an image (manifests/model-repository.Dockerfile), mounted
+    read-only in every replica as an image volume: what replicas on several nodes read without
+    a shared volume. Triton serves its models from it, and the operator's reloads, which send
+    the configuration in the request, need nothing written there."""
+    ips = fleet.start_tritons(kube, namespace, 2, gated=True, image_volume=True)
+    where = fleet.placement(kube)
+    for name in ips:
+        (volume,) = kube.core.read_namespaced_pod(name, namespace).spec.volumes or []
+        assert volume.image.reference == where.model_repository_image, volume
+    if kube.local is not None:  # the server's own view of /models: the image, read-only
+        for ip in ips.values():
+            options = procfs.mount_options(fleet.process_in_pod(ip, "tritonserver"), "/models")
+            assert options is not None, f"nothing mounted at /models for the Triton at {ip}"
+            assert "ro" in options, options
+    start_operator(interval=2.0)
+    operators.apply_policy(kube, namespace, fleet.policy())
+    waiting.wait_for("bulk everywhere", fleet.everyone_serves(ips, "bulk"), timeout=60)
+    operators.apply_policy(kube, namespace, fleet.policy(override={"profile": "interactive"}))
+    waiting.wait_for(
+        "interactive everywhere", fleet.everyone_serves(ips, "interactive"), timeout=60
+    )
+    waiting.wait_for(
+        "every gate open",
+        lambda: all(fleet.gate_open(kube, namespace, pod) for pod in ips),
+        timeout=30,
+    )
 
 
 @pytest.mark.timeout(180)

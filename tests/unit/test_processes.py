@@ -76,3 +76,15 @@ def test_children_are_the_processes_it_started_not_their_own() -> None:
     finally:
         os.killpg(child.pid, 9)
         child.wait()
+
+
+def test_mount_options_name_what_a_process_sees_mounted_and_none_elsewhere() -> None:
+    own = os.getpid()
+    root = procfs.mount_options(own, "/")
+    assert root is not None
+    assert {"rw", "ro"} & set(root)
+    proc = procfs.mount_options(own, "/proc")
+    assert proc is not None
+    assert {"rw", "ro"} & set(proc)
+    assert procfs.mount_options(own, "/no/such/mount/point") is None
+    assert procfs.mount_options(2**22 + 1, "/") is None  # past pid_max: no such process

@@ -163,7 +163,15 @@ IMAGES: Final = (
         site_packages="usr/local/lib/python3.11/dist-packages",
     ),
 )
-"""The images, by the names their references carry (``localhost/<name>:<input hash>``)."""
+"""The images that run Python, by the names their references carry
+(``localhost/<name>:<input hash>``)."""
+MODEL_REPOSITORY_IMAGE: Final = ImageRecipe(
+    name="batchpilot-model-repository",
+    dockerfile="manifests/model-repository.Dockerfile",
+)
+"""The sample model repository as an image of files alone (``FROM scratch``), for a Pod's image
+volume: Triton replicas on any node read it, as they would a model image from a registry."""
+ALL_IMAGES: Final = (*IMAGES, MODEL_REPOSITORY_IMAGE)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -220,7 +228,7 @@ def reference(name: str, tag: str) -> str:
 
 
 def archive(
-    name: str, *, context: Path = locations.REPO_ROOT, recipes: Sequence[ImageRecipe] = IMAGES
+    name: str, *, context: Path = locations.REPO_ROOT, recipes: Sequence[ImageRecipe] = ALL_IMAGES
 ) -> BuiltImage:
     """The archive and reference of image `name` built from this checkout's current inputs, for
     ``ctr -n k8s.io images import <archive>``; pods then name the reference. Builds nothing."""
@@ -858,7 +866,7 @@ def build(
     names: Sequence[str] | None = None,
     *,
     context: Path = locations.REPO_ROOT,
-    recipes: Sequence[ImageRecipe] = IMAGES,
+    recipes: Sequence[ImageRecipe] = ALL_IMAGES,
 ) -> list[BuiltImage]:
     """Build the base if its recipe is new, then every image whose inputs are new."""
     chosen = [recipe for recipe in recipes if names is None or recipe.name in names]
@@ -912,6 +920,8 @@ def record_current(built: BuiltImage) -> None:
 
 def describe_contents(recipe: ImageRecipe, built: BuiltImage, *, largest: int = 8) -> str:
     """The image's Python distributions' share of it and the largest of them."""
+    if not recipe.site_packages:
+        return f"  files alone, no Python: {built.image_bytes / 1e3:.0f} KB unpacked"
     found = recorded_contents(recipe, built.archive)
     megabytes = 1e6
     lines = [
@@ -927,7 +937,7 @@ def describe_contents(recipe: ImageRecipe, built: BuiltImage, *, largest: int = 
     return "\n".join(lines)
 
 
-def recipe_named(name: str, recipes: Sequence[ImageRecipe] = IMAGES) -> ImageRecipe:
+def recipe_named(name: str, recipes: Sequence[ImageRecipe] = ALL_IMAGES) -> ImageRecipe:
     found = next((recipe for recipe in recipes if recipe.name == name), None)
     if found is None:
         raise ImageError(f"unknown images: {name}")

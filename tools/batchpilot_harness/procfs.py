@@ -113,3 +113,19 @@ def raise_on_sigterm() -> Callable[[], None]:
         signal.signal(signal.SIGTERM, previous)
 
     return restore
+
+
+def mount_options(pid: int, mount_point: str) -> list[str] | None:
+    """The options of what is mounted at `mount_point` in the process's mount namespace (the
+    last mount there: the one it sees), from /proc/PID/mountinfo; None if nothing is."""
+    try:
+        lines = Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
+    except OSError:
+        return None
+    found = None
+    for line in lines:
+        fields = line.split()
+        # id, parent, major:minor, root, mount point, options, ...
+        if len(fields) > 5 and fields[4] == mount_point:
+            found = fields[5].split(",")
+    return found

@@ -93,6 +93,8 @@ TRITON_IMAGE_ENV = "BATCHPILOT_E2E_TRITON_IMAGE"
 SIDECAR_IMAGE_ENV = "BATCHPILOT_E2E_SIDECAR_IMAGE"
 TRITON_IMAGE = "batchpilot-triton"
 SIDECAR_IMAGE = "batchpilot-sidecar"
+MODEL_REPOSITORY_IMAGE = images.MODEL_REPOSITORY_IMAGE.name
+MODEL_REPOSITORY_IMAGE_ENV = "BATCHPILOT_E2E_MODEL_REPOSITORY_IMAGE"
 
 
 class PlacementError(Exception):
@@ -105,6 +107,9 @@ class Placement:
 
     triton_image: str
     sidecar_image: str
+    model_repository_image: str | None = None
+    """The demo models as an image of files (manifests/model-repository.Dockerfile), for an
+    image volume; None where the run named none."""
     node_selector: dict[str, str] | None = None
     """The local cluster's real node (tainted for GPU Pods, which these tolerate); kind: any."""
 
@@ -121,14 +126,18 @@ def placement(kube: Kube) -> Placement:
             f"no Triton images for this cluster: set ${TRITON_IMAGE_ENV} and "
             f"${SIDECAR_IMAGE_ENV} (python -m batchpilot_testbed.kind test)"
         )
-    return Placement(triton_image=triton, sidecar_image=sidecar)
+    return Placement(
+        triton_image=triton,
+        sidecar_image=sidecar,
+        model_repository_image=os.environ.get(MODEL_REPOSITORY_IMAGE_ENV) or None,
+    )
 
 
 def _real_node_placement(state_dir: Path) -> Placement:
     node = controlplane.Cluster.load(state_dir).node
     ctr = building.require_binaries() / "ctr"
     references = {}
-    for name in (TRITON_IMAGE, SIDECAR_IMAGE):
+    for name in (TRITON_IMAGE, SIDECAR_IMAGE, MODEL_REPOSITORY_IMAGE):
         try:
             built = images.archive(name)
             # Imported once per node: a node cleaned and started again has none.
@@ -144,6 +153,7 @@ def _real_node_placement(state_dir: Path) -> Placement:
     return Placement(
         triton_image=references[TRITON_IMAGE],
         sidecar_image=references[SIDECAR_IMAGE],
+        model_repository_image=references[MODEL_REPOSITORY_IMAGE],
         node_selector={key: value},
     )
 
@@ -192,6 +202,7 @@ def triton_pod(
     grpc_max_connection_age_ms: int | None = None,
     repository_secret: str | None = None,
     governed: bool = True,
+    image_volume: bool = False,
 ) -> client.V1Pod:
     """A Triton Pod: the triton container runs manifests/triton-deployment.yaml's command,
     flags and readiness probe in the CPU Triton image (tools/batchpilot_cluster/triton.Dockerfile,
@@ -199,7 +210,23 @@ def triton_pod(
     holds the demo models), beside the sidecar. `grpc_max_connection_age_ms` runs Triton with
     `--grpc-max-connection-age`; `repository_secret` locks its model-repository API to
     REPOSITORY_HEADER, the value from that Secret's key `token`, as the manifest does. It carries
-    the opt-in label the operator's watch selects (`governed`), as the manifest's Pods do."""
+    the opt-in label the operator's watch selects (`governed`), as the manifest's Pods do.
+    `image_volume` mounts the model-repository image over /models, read-only, as the manifest's
+    image-volume variant does (the image's own demo models hidden under it)."""
+    if image_volume and not placement.model_repository_image:
+        raise PlacementError("no model-repository image for an image volume on this cluster")
+    volumes = (
+        [
+            client.V1Volume(
+                name="models",
+                image=client.V1ImageVolumeSource(
+                    reference=placement.model_repository_image, pull_policy="Never"
+                ),
+            )
+        ]
+        if image_volume
+        else None
+    )
     triton = client.V1Container(
         name="triton",
         image=placement.triton_image,
@@ -233,6 +260,9 @@ def triton_pod(
             period_seconds=1,
             timeout_seconds=5,
         ),
+        volume_mounts=[client.V1VolumeMount(name="models", mount_path="/models", read_only=True)]
+        if image_volume
+        else None,
     )
     sidecar = client.V1Container(
         name="batchpilot-sidecar",
@@ -252,6 +282,7 @@ def triton_pod(
         ),
         spec=client.V1PodSpec(
             containers=[triton, sidecar],
+            volumes=volumes,
             readiness_gates=gates,
             termination_grace_period_seconds=5,
             node_selector=placement.node_selector,
@@ -333,6 +364,7 @@ def start_tritons(
     prefix: str = "triton",
     grpc_max_connection_age_ms: int | None = None,
     repository_secret: str | None = None,
+    image_volume: bool = False,
 ) -> dict[str, str]:
     """Create `count` Triton Pods and wait until each serves; their IPs by name."""
     labels = labels or {"app": "triton"}
@@ -346,6 +378,7 @@ def start_tritons(
             gated=gated,
             grpc_max_connection_age_ms=grpc_max_connection_age_ms,
             repository_secret=repository_secret,
+            image_volume=image_volume,
         )
         kube.core.create_namespaced_pod(namespace, pod)
 

@@ -1,6 +1,6 @@
 """`make e2e-kind`: the e2e tests that matter on kind, with Docker or with Podman.
 
-    python -m batchpilot_testbed.kind up     # the cluster, the three images, the chart, routes
+    python -m batchpilot_testbed.kind up     # the cluster, the project's images, the chart, routes
     python -m batchpilot_testbed.kind test   # the kind selection of e2e/ against it (extra
                                              # arguments go to pytest)
     python -m batchpilot_testbed.kind smoke  # up, then the install test alone (one switch)
@@ -12,8 +12,8 @@ The engine is Docker where a Docker engine answers, else Podman (engines.py). No
 - the node image is built here (nodeimages.py) from the locally built Kubernetes, containerd and
   pause, and loaded into the engine as an archive; ``BATCHPILOT_KIND_NODE_IMAGE`` names another
   (``kindest/node:...``, for a machine whose engine can pull it) instead;
-- the operator, sidecar and CPU-Triton images are the archives ``make images`` builds from this
-  checkout, loaded with ``kind load image-archive``;
+- the operator, sidecar and CPU-Triton images, and the demo models' image for image volumes, are
+  the archives ``make images`` builds from this checkout, loaded with ``kind load image-archive``;
 - the chart is installed with the operator image that was loaded (``pullPolicy: Never``),
   watching its own namespace only, so the operators the tests start act alone on theirs;
 - the host routes kind's Pod and Service networks through the node: the tests, like the
@@ -246,6 +246,7 @@ def test_environment() -> dict[str, str]:
         "KUBECONFIG": str(kubeconfig()),
         fleet.TRITON_IMAGE_ENV: references["batchpilot-triton"],
         fleet.SIDECAR_IMAGE_ENV: references["batchpilot-sidecar"],
+        fleet.MODEL_REPOSITORY_IMAGE_ENV: references.get(fleet.MODEL_REPOSITORY_IMAGE, ""),
         "BATCHPILOT_E2E_OPERATOR_IMAGE": references["batchpilot-operator"],
     }
 
