@@ -461,7 +461,9 @@ def test_replicas_reading_their_models_from_an_image_volume_are_switched(
     ips = fleet.start_tritons(kube, namespace, 2, gated=True, image_volume=True)
     where = fleet.placement(kube)
     for name in ips:
-        (volume,) = kube.core.read_namespaced_pod(name, namespace).spec.volumes or []
+        spec = kube.core.read_namespaced_pod(name, namespace).spec
+        (volume,) = (spec.volumes if spec else None) or []
+        assert volume.image is not None, volume
         assert volume.image.reference == where.model_repository_image, volume
     if kube.local is not None:  # the server's own view of /models: the image, read-only
         for ip in ips.values():
