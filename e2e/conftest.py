@@ -232,25 +232,9 @@ def _add_diagnostics(item: pytest.Item, report: pytest.TestReport) -> None:
 
 
 def _restarted_containers_logs(kube: kubes.Kube, namespace: str) -> Iterator[tuple[str, str]]:
-    """The last lines a restarted container wrote before it ended: a Triton that crashed
-    (exit 139) in a reload says why only there, and the kubelet drops them with the Pod."""
-    for pod in kube.core.list_namespaced_pod(namespace).items:
-        pod_name = str(pod.metadata.name if pod.metadata else "")
-        for status in (pod.status.container_statuses if pod.status else None) or []:
-            if not status.restart_count:
-                continue
-            name = f"{pod_name}/{status.name}"
-            logs = kube.kubectl(
-                "logs",
-                "-n",
-                namespace,
-                pod_name,
-                "-c",
-                status.name,
-                "--previous",
-                f"--tail={PREVIOUS_LOG_LINES}",
-            )
-            yield (f"previous log of {name} (restarted {status.restart_count}x)", logs)
+    """The last lines a restarted container wrote before it ended (`fleet.container_restarts`)."""
+    for restart in fleet.container_restarts(kube, namespace, tail=PREVIOUS_LOG_LINES):
+        yield (f"previous log of {restart.describe()}", restart.previous_log)
 
 
 @pytest.fixture(scope="session")

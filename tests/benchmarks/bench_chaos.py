@@ -53,6 +53,11 @@ RATE = 20.0
 OPERATOR_INTERVAL = 2.0
 SAMPLE_SECONDS = 1.0
 FINAL_WAIT_SECONDS = 120.0
+PREVIOUS_LOG_LINES = 80
+CRASH_LOG_LINES = 15
+"""Of a container that ended other than by a kill, the last lines the report prints."""
+KILLED = 137
+"""128 + SIGKILL: how a triton-kill fault's container ends."""
 SHORT_KINDS = ("network-cut", "triton-kill")
 """CI's smoke run: a fault that heals and one that restarts a Pod's server. The e2e suite
 restarts the API server and etcd, and kills the operator mid-rollout, on its own."""
@@ -263,6 +268,9 @@ class Report:
     wrong_at_end: list[str]
     outside_examples: list[str]
     seconds: float
+    restarts: list[fleet.Restart] = dataclasses.field(default_factory=list)
+    """The containers that restarted during the soak: a triton-kill's, and any other (a Triton
+    that crashed in a reload: its previous run's last lines say why)."""
 
 
 def faulted_spans(soak: Soak, end: float) -> list[tuple[faults.Fault, float, float]]:
@@ -367,7 +375,15 @@ def render(report: Report, *, markdown: bool) -> str:
         + f"; targets left wrong at the end: {len(report.wrong_at_end)}"
         + (f" ({', '.join(report.wrong_at_end)})" if report.wrong_at_end else "")
     )
-    return f"{plan_line}\n\n{table}\n\n{totals}"
+    restarted = "; ".join(restart.describe() for restart in report.restarts) or "none"
+    crashes = [
+        f"{restart.pod}/{restart.container}'s previous run, its last lines:\n"
+        + "\n".join(restart.previous_log.splitlines()[-CRASH_LOG_LINES:])
+        for restart in report.restarts
+        if restart.exit_code not in (None, 0, KILLED)
+    ]
+    crashed = "".join(f"\n\n{crash}" for crash in crashes)
+    return f"{plan_line}\n\n{table}\n\n{totals}\n\ncontainers restarted: {restarted}{crashed}"
 
 
 def summary_json(report: Report) -> dict[str, Any]:
@@ -381,6 +397,7 @@ def summary_json(report: Report) -> dict[str, Any]:
         "switches": report.switches,
         "wrong_at_end": report.wrong_at_end,
         "seconds": report.seconds,
+        "restarts": [dataclasses.asdict(restart) for restart in report.restarts],
     }
 
 
@@ -436,11 +453,12 @@ def run(
                 final = soak.latest
                 wrong = final.wrong() if final is not None else sorted(ips)
             switches = switches_made(kube, namespace)
+            restarts = fleet.container_restarts(kube, namespace, tail=PREVIOUS_LOG_LINES)
             benchmarking.delete_policies(kube, namespace)
         finally:
             for process in soak.operators:
                 process.stop()
-    return analyse(soak, loads, switches, wrong, started)
+    return dataclasses.replace(analyse(soak, loads, switches, wrong, started), restarts=restarts)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,7 +9,7 @@ from typing import Any, cast
 import bench_chaos
 
 from batchpilot_harness import loadgen
-from batchpilot_testbed import clients, faults
+from batchpilot_testbed import clients, faults, fleet
 
 
 def test_the_schedule_alternates_every_window_from_the_next_minute() -> None:
@@ -61,3 +61,29 @@ def test_failures_count_inside_their_pod_s_fault_until_it_reconverged_and_outsid
     text = bench_chaos.render(report, markdown=False)
     assert "failed outside faulted Pods: 2" in text
     assert "targets left wrong at the end: 0" in text
+
+
+def test_the_report_names_every_restart_and_prints_the_last_lines_of_a_crash_not_a_kill() -> None:
+    plan = bench_chaos.Plan(replicas=2, kinds=("triton-kill",), gap_seconds=30, hold_seconds=5)
+    log = "\n".join(f"line {number}" for number in range(40)) + "\nSignal (11) received."
+    killed = fleet.Restart(
+        pod="triton-0", container="triton", count=1, exit_code=137, reason="Error",
+        previous_log="killed's own lines",
+    )  # fmt: skip
+    crashed = fleet.Restart(
+        pod="triton-1", container="triton", count=1, exit_code=139, reason="Error", previous_log=log
+    )
+    report = bench_chaos.Report(
+        the_plan=plan, kinds=[], requests=0, failed_outside=0, failed_inside=0, switches=0,
+        wrong_at_end=[], outside_examples=[], seconds=60.0, restarts=[killed, crashed],
+    )  # fmt: skip
+    text = bench_chaos.render(report, markdown=False)
+    assert (
+        "containers restarted: triton-0/triton restarted 1x, last run ended exit 137 (Error); "
+        "triton-1/triton restarted 1x, last run ended exit 139 (Error)"
+    ) in text
+    assert "Signal (11) received." in text
+    assert "line 26" in text  # its last 15 lines
+    assert "line 25" not in text
+    assert "killed's own lines" not in text
+    assert bench_chaos.summary_json(report)["restarts"][1]["exit_code"] == 139

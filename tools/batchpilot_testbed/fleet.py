@@ -468,6 +468,51 @@ def pod_log(kube: Kube, namespace: str, pod: str, container: str) -> str:
         return ""
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Restart:
+    """A container the kubelet restarted, and how its last run ended."""
+
+    pod: str
+    container: str
+    count: int
+    exit_code: int | None
+    reason: str
+    previous_log: str
+    """The last lines its previous run wrote: a Triton that crashed in a reload (exit 139)
+    says why only there, and the kubelet drops them with the Pod."""
+
+    def describe(self) -> str:
+        ended = f"exit {self.exit_code} ({self.reason})" if self.exit_code is not None else "?"
+        return f"{self.pod}/{self.container} restarted {self.count}x, last run ended {ended}"
+
+
+def container_restarts(kube: Kube, namespace: str, *, tail: int) -> list[Restart]:
+    """Every container of the namespace's Pods that restarted, with its previous run's last
+    `tail` lines."""
+    found = []
+    for pod in kube.core.list_namespaced_pod(namespace).items:
+        pod_name = str(pod.metadata.name if pod.metadata else "")
+        for status in (pod.status.container_statuses if pod.status else None) or []:
+            if not status.restart_count:
+                continue
+            ended = status.last_state.terminated if status.last_state else None
+            log = kube.kubectl(
+                "logs", "-n", namespace, pod_name, "-c", status.name, "--previous",
+                f"--tail={tail}",
+            )  # fmt: skip
+            found.append(
+                Restart(
+                    pod=pod_name,
+                    container=str(status.name),
+                    count=int(status.restart_count),
+                    exit_code=ended.exit_code if ended else None,
+                    reason=str(ended.reason or "") if ended else "",
+                    previous_log=log,
+                )
+            )
+    return found
+
+
 class ReadyAfterRestart:
     """Watches one Pod from a thread while a test breaks it: each time the kubelet calls the Pod
     Ready after its triton container restarted, which profile its Triton serves. A Pod Ready on
