@@ -17,20 +17,17 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import kubernetes.watch
 from kubernetes import client
 
 from batchpilot.api import names
 from batchpilot.kube import pods
 from batchpilot_cluster import building, controlplane, images, podsandboxes, realnodes
 from batchpilot_harness import local_triton, procfs
-from batchpilot_testbed import waiting
+from batchpilot_testbed import waiting, watches
 from batchpilot_testbed.kubes import Kube
 from batchpilot_triton import endpoints, modelconfigs
 
 PROCESS_TIMEOUT_SECONDS = 30.0
-WATCH_SECONDS = 600
-"""The longest a test's watch of Pods runs; the API server ends it there."""
 """How long `process_in_pod` waits for a container the kubelet is restarting."""
 
 MODEL = "gpu_sim"
@@ -658,51 +655,31 @@ def readiness_watched(kube: Kube, namespace: str, selector: str) -> Iterator[Rea
     too short for polling to catch too."""
     readiness = Readiness()
     states: dict[str, PodState] = {}
-    watch = kubernetes.watch.Watch()  # type: ignore[no-untyped-call]
-    started, stopping = threading.Event(), threading.Event()
-    broken: list[Exception] = []
 
-    def follow() -> None:
-        stream = watch.stream(  # type: ignore[no-untyped-call]
-            kube.core.list_namespaced_pod,
-            namespace,
-            label_selector=selector,
-            timeout_seconds=WATCH_SECONDS,
-            _request_timeout=WATCH_SECONDS + 10,
-        )
-        started.set()
-        try:
-            for event in stream:
-                pod = event["object"]
-                name = str(pod.metadata.name)
-                if event["type"] == "DELETED":
-                    states.pop(name, None)
-                else:
-                    conditions = {
-                        c.type: c.status
-                        for c in (pod.status.conditions if pod.status else None) or []
-                    }
-                    states[name] = PodState(
-                        ready=conditions.get("Ready") == "True",
-                        leaving=conditions.get(pods.GATE) == "False",
-                    )
-                if not readiness.snapshots or readiness.snapshots[-1] != states:
-                    readiness.snapshots.append(dict(states))
-        except Exception as error:  # stopping closes the stream under the reader
-            if not stopping.is_set():
-                broken.append(error)
+    def on_event(event: dict[str, Any]) -> None:
+        pod = event["object"]
+        name = str(pod.metadata.name)
+        if event["type"] == "DELETED":
+            states.pop(name, None)
+        else:
+            conditions = {
+                c.type: c.status for c in (pod.status.conditions if pod.status else None) or []
+            }
+            states[name] = PodState(
+                ready=conditions.get("Ready") == "True",
+                leaving=conditions.get(pods.GATE) == "False",
+            )
+        if not readiness.snapshots or readiness.snapshots[-1] != states:
+            readiness.snapshots.append(dict(states))
 
-    follower = threading.Thread(target=follow, daemon=True)
-    follower.start()
-    started.wait(timeout=10)
-    try:
+    with watches.followed(
+        kube.core.list_namespaced_pod,
+        namespace,
+        label_selector=selector,
+        on_event=on_event,
+        what=f"Pods {selector} in {namespace}",
+    ):
         yield readiness
-    finally:
-        stopping.set()
-        watch.stop()  # type: ignore[no-untyped-call]
-        follower.join(timeout=5)
-    if broken:
-        raise AssertionError(f"the watch of Pods {selector} in {namespace} broke: {broken[0]!r}")
 
 
 class GateHistory:

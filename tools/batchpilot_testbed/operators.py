@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -20,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import kubernetes.client
-import kubernetes.watch
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -28,6 +26,7 @@ from batchpilot import telemetry
 from batchpilot.api import names, v1alpha1
 from batchpilot_cluster import audit
 from batchpilot_harness import local_triton
+from batchpilot_testbed import watches
 from batchpilot_testbed.kubes import Kube
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,8 +34,6 @@ SERVICE_ACCOUNT = "batchpilot-operator"
 SYSTEM_NAMESPACE = audit.AUDITED_NAMESPACE
 """The local cluster's audit log keeps the requests of this namespace's service accounts."""
 USER = f"system:serviceaccount:{SYSTEM_NAMESPACE}:{SERVICE_ACCOUNT}"
-WATCH_SECONDS = 600
-"""The longest a test watches a policy's status (its own timeout ends it sooner)."""
 """Who the operator is to the API server (and in its audit log)."""
 
 
@@ -205,43 +202,23 @@ def statuses_watched(kube: Kube, namespace: str, name: str) -> Iterator[list[dic
     """Every status the policy has while the block runs, in order, from a watch started
     before it: states too short-lived for polling to catch (a rollout's first seconds) too."""
     seen: list[dict[str, Any]] = []
-    watch = kubernetes.watch.Watch()  # type: ignore[no-untyped-call]
-    objects = kubernetes.client.CustomObjectsApi(kube.api_client)
-    started, stopping = threading.Event(), threading.Event()
-    broken: list[Exception] = []
 
-    def follow() -> None:
-        stream = watch.stream(  # type: ignore[no-untyped-call]
-            objects.list_namespaced_custom_object,
-            names.GROUP,
-            v1alpha1.VERSION,
-            namespace,
-            names.PLURAL,
-            field_selector=f"metadata.name={name}",
-            timeout_seconds=WATCH_SECONDS,
-            _request_timeout=WATCH_SECONDS + 10,
-        )
-        started.set()
-        try:
-            for event in stream:
-                status = (event["object"] or {}).get("status") or {}
-                if status and (not seen or seen[-1] != status):
-                    seen.append(status)
-        except Exception as error:  # stopping closes the stream under the reader
-            if not stopping.is_set():
-                broken.append(error)
+    def on_event(event: dict[str, Any]) -> None:
+        status = (event["object"] or {}).get("status") or {}
+        if status and (not seen or seen[-1] != status):
+            seen.append(status)
 
-    follower = threading.Thread(target=follow, daemon=True)
-    follower.start()
-    started.wait(timeout=10)
-    try:
+    with watches.followed(
+        kubernetes.client.CustomObjectsApi(kube.api_client).list_namespaced_custom_object,
+        names.GROUP,
+        v1alpha1.VERSION,
+        namespace,
+        names.PLURAL,
+        field_selector=f"metadata.name={name}",
+        on_event=on_event,
+        what=f"{namespace}/{name}",
+    ):
         yield seen
-    finally:
-        stopping.set()
-        watch.stop()  # type: ignore[no-untyped-call]
-        follower.join(timeout=5)
-    if broken:
-        raise AssertionError(f"the watch of {namespace}/{name} broke: {broken[0]!r}")
 
 
 def canary_status(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
