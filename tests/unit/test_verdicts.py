@@ -214,6 +214,17 @@ def test_a_share_within_the_balancing_tolerance_refuses_nothing() -> None:
     assert judge(unknown).figures.canary_refused == 0.0, "no replica count: no share judged"
 
 
+def test_a_shortfall_chance_explains_at_small_counts_refuses_nothing() -> None:
+    """Arrivals spread at random: over one reading a share of 50 varies by about 7, so 30
+    counted is chance (20 short, under three square roots of the share); the same 60% over
+    twelve readings (240 short of 600) is not."""
+    one = judge(shares(30.0, count=1))
+    assert one.figures.canary_refused == 0.0, one.reason
+    twelve = judge(shares(30.0, count=12))
+    assert twelve.figures.canary_refused == pytest.approx(240.0)
+    assert twelve.verdict == "Rollback"
+
+
 def test_arrivals_a_canary_still_holds_in_its_queue_are_not_refused() -> None:
     """A canary with a long queue delay and batches that never fill has counted few of its
     arrivals when read: the rest wait in its queue (Triton's pending gauge), to be counted when

@@ -22,8 +22,9 @@ group served since the previous reading. The verdict comes at the end of the ana
   (`nv_inference_request_failure{reason="REJECTED"}`) but not one refused because the queue was
   full (`maxQueueSize`): the client gets a 503 and no metric or statistic of Triton's moves. Every
   replica of a fleet gets its share of the arrivals, so a canary that counted far fewer requests
-  per replica than the baseline did (less than `1 - SHARE_TOLERANCE` of it) lost the rest before
-  Triton counted them, and they count as failed. A request still waiting in a queue is not lost:
+  per replica than the baseline did (less than `1 - SHARE_TOLERANCE` of it, and short by more
+  than chance spreads counts at random: `SHARE_NOISE_SIGMAS` square roots of its share) lost the
+  rest before Triton counted them, and they count as failed. A request still waiting in a queue is not lost:
   Triton counts it when it ends, so what each side holds (`nv_inference_pending_request_count`)
   counts with what it served: for the canary, the most its queue held at any settled reading,
   because a long delay releases its requests in batches, and a count pro-rated from a rolling
@@ -40,6 +41,7 @@ group served since the previous reading. The verdict comes at the end of the ana
 from __future__ import annotations
 
 import datetime
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -55,6 +57,11 @@ SHARE_TOLERANCE = 0.25
 """How far below its share of the arrivals (the baseline's requests per replica) a canary's
 count may fall before the rest counts as refused: balancing spreads arrivals unevenly over a
 window (a Service picks at random; long-lived connections stick), but not by a quarter."""
+SHARE_NOISE_SIGMAS = 3.0
+"""...nor, at small counts, by more than chance: a replica's count of arrivals spread at random
+varies by about the square root of its share, so a shortfall within this many of those refuses
+nothing (a quarter of 36 is 1.5 of them, and a good change was rolled back for 9 "refused" of
+a share of 36 on a busy machine)."""
 
 
 @dataclass(frozen=True)
@@ -238,9 +245,10 @@ def _refused(samples: Sequence[Sample]) -> float:
         held_share = baseline.pending / baseline.replicas * canary.replicas
     counted += held
     share += held_share
-    if counted >= (1 - SHARE_TOLERANCE) * share:
+    shortfall = share - counted
+    if shortfall <= max(SHARE_TOLERANCE * share, SHARE_NOISE_SIGMAS * math.sqrt(share)):
         return 0.0
-    return share - counted
+    return shortfall
 
 
 def judge(

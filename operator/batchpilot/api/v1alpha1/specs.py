@@ -695,8 +695,9 @@ class Canary(Model):
     its old settings. A switch into another profile is judged by that profile's own SLO
     objectives (where the SLO governs it; its latency is not judged where none does), never
     by replicas serving another profile. Failures are always judged against the other
-    replicas, and a canary that counted less than three quarters of its share of the arrivals
-    counts the rest as refused (Triton counts no request its full queue turns away).
+    replicas, and a canary that counted less than three quarters of its share of the arrivals,
+    short by more than chance explains, counts the rest as refused (Triton counts no request
+    its full queue turns away).
     Switches between settings the fleet served before roll straight on, so a canary never makes
     a scheduled switch late, and neither do the SLO guard's emergency changes. A policy's first
     rollout has nothing of batchpilot's to return to, and rolls straight on."""
