@@ -24,8 +24,9 @@ group served since the previous reading. The verdict comes at the end of the ana
   replica of a fleet gets its share of the arrivals, so a canary that counted far fewer requests
   per replica than the baseline did (less than `1 - SHARE_TOLERANCE` of it, and short by more
   than chance spreads counts at random: `SHARE_NOISE_SIGMAS` square roots of its share) lost the
-  rest before Triton counted them, and they count as failed. A request still waiting in a queue is not lost:
-  Triton counts it when it ends, so what each side holds (`nv_inference_pending_request_count`)
+  rest before Triton counted them, and they count as failed. A request still waiting in a queue
+  is not lost: Triton counts it when it ends, so what each side holds
+  (`nv_inference_pending_request_count`)
   counts with what it served: for the canary, the most its queue held at any settled reading,
   because a long delay releases its requests in batches, and a count pro-rated from a rolling
   window can fall a whole batch behind the arrivals (or be read while one executes, neither
