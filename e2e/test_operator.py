@@ -401,10 +401,10 @@ def _switch_under_load(
 
 def _gated_fleet_behind_a_service(
     kube: Kube, namespace: str, start_operator: StartOperator, spec: dict[str, Any]
-) -> tuple[dict[str, str], str]:
+) -> tuple[dict[str, str], str, OperatorProcess]:
     ips = fleet.start_tritons(kube, namespace, 2, gated=True)
     service_ip = fleet.create_service(kube, namespace, selector={"app": "triton"})
-    start_operator(interval=2.0)
+    operator = start_operator(interval=2.0)
     operators.apply_policy(kube, namespace, fleet.policy(**spec))
     waiting.wait_for("bulk everywhere", fleet.everyone_serves(ips, "bulk"), timeout=60)
     waiting.wait_for(
@@ -412,7 +412,7 @@ def _gated_fleet_behind_a_service(
         lambda: fleet.ready_endpoints(kube, namespace, "triton") == set(ips.values()),
         timeout=20,
     )
-    return ips, service_ip
+    return ips, service_ip, operator
 
 
 @pytest.mark.timeout(150)
@@ -422,7 +422,7 @@ def test_readiness_gate_switch_through_a_service_fails_no_request(
     """New connections through kube-proxy follow the gate: each drained Pod stops receiving
     requests, so no request waits for a reload and the drains are effective."""
     spec: dict[str, Any] = {"rollout": {"maxUnavailable": 1, "drainTimeoutSeconds": 10}}
-    ips, service_ip = _gated_fleet_behind_a_service(kube, namespace, start_operator, spec)
+    ips, service_ip, operator = _gated_fleet_behind_a_service(kube, namespace, start_operator, spec)
     load = clients.ClientProcess(
         client_host,
         style="new-connection",
@@ -447,7 +447,14 @@ def test_readiness_gate_switch_through_a_service_fails_no_request(
     drains = operators.condition(status_of(kube, namespace), "DrainIneffective")
     assert drains["status"] == "False", drains
     assert not operators.events(kube, namespace, "DrainIneffective")
-    assert slowest < 0.5, "a request waited for a reload"
+    # A request that reached a Pod mid-reload waits on the order of a reload; the machine's
+    # load sets both that and every request's tail (a busy run's slowest took 607 ms with none
+    # held, its reloads several seconds), so the bound is this run's own reloads, never below
+    # the 0.5 s an idle machine keeps every request under.
+    reload = operator.mean_reload_seconds()
+    assert reload is not None, "no reload measured"
+    print(f"mean reload {reload:.2f} s")
+    assert slowest < max(0.5, reload / 2), "a request waited for a reload"
 
 
 @pytest.mark.timeout(180)
@@ -493,7 +500,7 @@ def test_keep_alive_clients_make_the_drain_ineffective_and_it_is_said_and_bounde
     reloads once rollout.drainTimeoutSeconds has passed."""
     drain_timeout = 5
     spec: dict[str, Any] = {"rollout": {"maxUnavailable": 1, "drainTimeoutSeconds": drain_timeout}}
-    ips, service_ip = _gated_fleet_behind_a_service(kube, namespace, start_operator, spec)
+    ips, service_ip, _ = _gated_fleet_behind_a_service(kube, namespace, start_operator, spec)
     # One keep-alive connection: its Pod receives every request, drained or not, so its drain
     # runs to the timeout whatever the machine's load (a pool opens more connections when
     # requests pile up, through the Service to Ready Pods, and may leave the drained Pod's idle:
