@@ -47,10 +47,6 @@ def container_restarts(kube: Kube, namespace: str, pod: str) -> list[int]:
     return [c.restart_count for c in (status.container_statuses if status else None) or []]
 
 
-def all_gates_open(kube: Kube, namespace: str, pods: dict[str, str]) -> Callable[[], bool]:
-    return lambda: all(fleet.gate_open(kube, namespace, pod) for pod in pods)
-
-
 def some_switched(ips: dict[str, str], profile: str) -> Callable[[], bool]:
     """Part of the fleet, not all of it, serves `profile`: a rollout half way."""
 
@@ -94,7 +90,7 @@ def start_fleet(
     start_operator(interval=2.0, extra=SETTLE)
     operators.apply_policy(kube, namespace, fleet.policy(**ONE_AT_A_TIME))
     waiting.wait_for("bulk everywhere", fleet.everyone_serves(ips, "bulk"), timeout=60)
-    waiting.wait_for("every gate True", all_gates_open(kube, namespace, ips), timeout=30)
+    waiting.wait_for("every gate True", fleet.all_gates_open(kube, namespace, ips), timeout=30)
     return ips
 
 
@@ -139,7 +135,7 @@ def test_a_pod_cut_off_mid_rollout_holds_up_nothing_is_reported_and_is_switched_
             timeout=120,
         )
         back_after = time.monotonic() - restored_at
-        waiting.wait_for("every gate True", all_gates_open(kube, namespace, ips), timeout=30)
+        waiting.wait_for("every gate True", fleet.all_gates_open(kube, namespace, ips), timeout=30)
     failed = {pod: failures(loads.records[pod]) for pod in ips}
     print(
         f"\ncut: reported after {reported_after:.1f} s, states {states}; switched "
@@ -204,7 +200,9 @@ def test_triton_killed_in_the_middle_of_a_reload_comes_back_on_the_decided_profi
                 "interactive everywhere", fleet.everyone_serves(ips, "interactive"), timeout=150
             )
             back_after = time.monotonic() - killed_at
-            waiting.wait_for("every gate True", all_gates_open(kube, namespace, ips), timeout=30)
+            waiting.wait_for(
+                "every gate True", fleet.all_gates_open(kube, namespace, ips), timeout=30
+            )
             waiting.wait_for(
                 "both Pods behind the Service again",
                 lambda: fleet.ready_endpoints(kube, namespace, "triton") == set(ips.values()),
@@ -252,7 +250,7 @@ def test_a_policy_edited_mid_rollout_converges_on_its_newest_spec(
         fleet.policy(**ONE_AT_A_TIME, defaultProfile="interactive", override=override),
     )
     waiting.wait_for("bulk everywhere", fleet.everyone_serves(ips, "bulk"), timeout=90)
-    waiting.wait_for("every gate True", all_gates_open(kube, namespace, ips), timeout=30)
+    waiting.wait_for("every gate True", fleet.all_gates_open(kube, namespace, ips), timeout=30)
 
     def settled() -> dict[str, Any] | None:
         status = operators.policy_status(kube, namespace, "fleet")
@@ -275,18 +273,18 @@ def test_a_policy_deleted_mid_rollout_leaves_no_pod_out_of_its_services(
     operators.apply_policy(kube, namespace, fleet.policy(**ONE_AT_A_TIME, override=INTERACTIVE))
     waiting.wait_for(
         "a Pod out of its Services",
-        lambda: not all_gates_open(kube, namespace, ips)(),
+        lambda: not fleet.all_gates_open(kube, namespace, ips)(),
         timeout=40,
         interval=0.05,
     )
     deleted = kube.kubectl_run("delete", "bp", "fleet", "-n", namespace, "--timeout=30s")
     assert deleted.returncode == 0, deleted.stderr
-    waiting.wait_for("every gate True", all_gates_open(kube, namespace, ips), timeout=30)
+    waiting.wait_for("every gate True", fleet.all_gates_open(kube, namespace, ips), timeout=30)
     # Nothing switches them any more: what each serves stays as it was.
     served = {pod: fleet.served_profile(ip) for pod, ip in ips.items()}
     time.sleep(5)
     assert {pod: fleet.served_profile(ip) for pod, ip in ips.items()} == served
-    assert all_gates_open(kube, namespace, ips)()
+    assert fleet.all_gates_open(kube, namespace, ips)()
 
 
 @contextlib.contextmanager
@@ -404,7 +402,7 @@ def test_after_a_control_plane_restart_watches_resume_and_the_next_boundary_is_m
     operator = start_operator(interval=interval)
     operators.apply_policy(kube, namespace, fleet.policy(**quick))
     waiting.wait_for("bulk everywhere", fleet.everyone_serves(ips, "bulk"), timeout=60)
-    waiting.wait_for("every gate True", all_gates_open(kube, namespace, ips), timeout=30)
+    waiting.wait_for("every gate True", fleet.all_gates_open(kube, namespace, ips), timeout=30)
     with clients.load_on_each(client_host, ips, rate=20) as loads:
         before = operator.decisions_made()
         unavailable = controlplane.restart(local_cluster, component, down_seconds=5)
@@ -426,7 +424,7 @@ def test_after_a_control_plane_restart_watches_resume_and_the_next_boundary_is_m
         late = (datetime.datetime.now(datetime.UTC) - until).total_seconds()
         reconciles = operator.decisions_made() - before
         elapsed = time.monotonic() - restarted_at + unavailable
-        waiting.wait_for("every gate True", all_gates_open(kube, namespace, ips), timeout=30)
+        waiting.wait_for("every gate True", fleet.all_gates_open(kube, namespace, ips), timeout=30)
     failed = {pod: failures(loads.records[pod]) for pod in ips}
     print(
         f"\n{component} down {unavailable:.1f} s: the next change served {seen_after:.1f} s "
@@ -453,11 +451,11 @@ def test_the_leader_stopped_while_a_gate_is_false_leaves_the_follower_to_restore
     follower = start_operator(standalone=False, extra=["--priority", "10", *SETTLE])
     operators.apply_policy(kube, namespace, fleet.policy(**ONE_AT_A_TIME))
     waiting.wait_for("bulk everywhere", fleet.everyone_serves(ips, "bulk"), timeout=60)
-    waiting.wait_for("every gate True", all_gates_open(kube, namespace, ips), timeout=30)
+    waiting.wait_for("every gate True", fleet.all_gates_open(kube, namespace, ips), timeout=30)
     operators.apply_policy(kube, namespace, fleet.policy(**ONE_AT_A_TIME, override=INTERACTIVE))
     waiting.wait_for(
         "a Pod out of its Services",
-        lambda: not all_gates_open(kube, namespace, ips)(),
+        lambda: not fleet.all_gates_open(kube, namespace, ips)(),
         timeout=40,
         interval=0.05,
     )
@@ -466,7 +464,7 @@ def test_the_leader_stopped_while_a_gate_is_false_leaves_the_follower_to_restore
     waiting.wait_for(
         "interactive everywhere", fleet.everyone_serves(ips, "interactive"), timeout=90
     )
-    waiting.wait_for("every gate True", all_gates_open(kube, namespace, ips), timeout=30)
+    waiting.wait_for("every gate True", fleet.all_gates_open(kube, namespace, ips), timeout=30)
     print(f"\nthe leader stopped with {sorted(left) or 'no'} gate(s) False")
     assert "Resuming operations after the pause" in follower.log
 
@@ -506,7 +504,7 @@ def test_the_node_s_kubelet_or_runtime_restarted_mid_rollout_fails_no_request(
             "interactive everywhere", fleet.everyone_serves(ips, "interactive"), timeout=120
         )
         done_after = time.monotonic() - restarted_at
-        waiting.wait_for("every gate True", all_gates_open(kube, namespace, ips), timeout=30)
+        waiting.wait_for("every gate True", fleet.all_gates_open(kube, namespace, ips), timeout=30)
         waiting.wait_for(
             "every Pod Ready",
             lambda: all(

@@ -239,7 +239,7 @@ def test_an_unmodified_deployment_labelled_after_install_is_injected_and_switche
             )
             waiting.wait_for(
                 "every gate back",
-                lambda: all(fleet.gate_open(kube, namespace, pod) for pod in ips),
+                fleet.all_gates_open(kube, namespace, ips),
                 timeout=30,
             )
             records = load.stop()

@@ -360,10 +360,9 @@ def test_operator_killed_mid_rollout_converges_after_restart(
         timeout=90,
     )
 
-    def all_gates_open() -> bool:
-        return all(fleet.gate_open(kube, namespace, pod) for pod in ips)
-
-    waiting.wait_for("every gate True again", all_gates_open, timeout=30)
+    waiting.wait_for(
+        "every gate True again", fleet.all_gates_open(kube, namespace, ips), timeout=30
+    )
     waiting.wait_for(
         "status Ready",
         lambda: operators.condition(status_of(kube, namespace), "Ready").get("status") == "True",
@@ -484,11 +483,7 @@ def test_replicas_reading_their_models_from_an_image_volume_are_switched(
     waiting.wait_for(
         "interactive everywhere", fleet.everyone_serves(ips, "interactive"), timeout=60
     )
-    waiting.wait_for(
-        "every gate open",
-        lambda: all(fleet.gate_open(kube, namespace, pod) for pod in ips),
-        timeout=30,
-    )
+    waiting.wait_for("every gate open", fleet.all_gates_open(kube, namespace, ips), timeout=30)
 
 
 @pytest.mark.timeout(180)

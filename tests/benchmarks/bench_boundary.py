@@ -184,7 +184,7 @@ def run_boundary(
     waiting.wait_for("bulk on every replica", fleet.everyone_serves(ips, "bulk"), timeout=180)
     waiting.wait_for(
         "every replica Ready",
-        lambda: all(fleet.gate_open(kube, namespace, pod) for pod in ips),
+        fleet.all_gates_open(kube, namespace, ips),
         timeout=60,
     )
     # The window opens at the first minute boundary far enough ahead for any lead.

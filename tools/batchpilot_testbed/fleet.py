@@ -13,7 +13,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -431,6 +431,12 @@ def pod_condition(kube: Kube, namespace: str, pod: str, kind: str) -> str | None
 def gate_open(kube: Kube, namespace: str, pod: str) -> bool:
     """Whether batchpilot holds the Pod's readiness gate True."""
     return pod_condition(kube, namespace, pod, pods.GATE) == "True"
+
+
+def all_gates_open(kube: Kube, namespace: str, names: Iterable[str]) -> Callable[[], bool]:
+    """A check that batchpilot holds the readiness gate of every Pod named True."""
+    wanted = list(names)
+    return lambda: all(gate_open(kube, namespace, pod) for pod in wanted)
 
 
 def process_in_pod(ip: str, program: str, *, timeout: float = PROCESS_TIMEOUT_SECONDS) -> int:
