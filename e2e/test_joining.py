@@ -228,28 +228,23 @@ def test_an_unmodified_deployment_labelled_after_install_is_injected_and_switche
         rate=RATE,
         seed=42,
     )
-    gates = fleet.GateHistory(kube, namespace, SELECTOR)
-    try:
-        with load, fleet.readiness_watched(kube, namespace, SELECTOR) as readiness:
-            load.start()
-            patch = {"spec": {"override": {"profile": "interactive", "reason": "e2e"}}}
-            joining.kubectl("patch", "bp", "triton", "--type=merge", "-p", json.dumps(patch))
-            waiting.wait_for(
-                "interactive everywhere", fleet.everyone_serves(ips, "interactive"), timeout=90
-            )
-            waiting.wait_for(
-                "every gate back",
-                fleet.all_gates_open(kube, namespace, ips),
-                timeout=30,
-            )
-            records = load.stop()
-    finally:
-        gates.stop()
+    with load, fleet.readiness_watched(kube, namespace, SELECTOR) as readiness:
+        load.start()
+        patch = {"spec": {"override": {"profile": "interactive", "reason": "e2e"}}}
+        joining.kubectl("patch", "bp", "triton", "--type=merge", "-p", json.dumps(patch))
+        waiting.wait_for(
+            "interactive everywhere", fleet.everyone_serves(ips, "interactive"), timeout=90
+        )
+        waiting.wait_for("every gate back", fleet.all_gates_open(kube, namespace, ips), timeout=30)
+        records = load.stop()
     failed = [record for record in records if not record.succeeded]
-    print(f"{len(records)} requests through the Service, {len(failed)} failed; {gates.history}")
+    print(
+        f"{len(records)} requests through the Service, {len(failed)} failed; "
+        f"gates closed on {sorted(readiness.left())}"
+    )
     assert len(records) > RATE * 3
     assert not failed, [record.error for record in failed[:5]]
-    assert gates.went_false() == set(ips)
+    assert readiness.left() == set(ips)
     # A Pod's gate closes only once the one let back in is Ready (in the API server's order,
     # which the endpoint controller follows): always one Pod Ready and staying.
     assert readiness.fewest_serving() == 1, readiness.snapshots

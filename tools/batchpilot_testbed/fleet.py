@@ -641,6 +641,12 @@ class Readiness:
 
     snapshots: list[dict[str, PodState]] = dataclasses.field(default_factory=list)
 
+    def left(self) -> set[str]:
+        """The Pods whose gate the watch saw False: those batchpilot took out of their Services."""
+        return {
+            pod for snapshot in self.snapshots for pod, state in snapshot.items() if state.leaving
+        }
+
     def fewest_serving(self) -> int:
         """The fewest Pods at once that were Ready and not leaving (their gate not False).
         0 means a Pod was taken out while none other was Ready to stay: a moment, short or
@@ -686,35 +692,3 @@ def readiness_watched(kube: Kube, namespace: str, selector: str) -> Iterator[Rea
         what=f"Pods {selector} in {namespace}",
     ):
         yield readiness
-
-
-class GateHistory:
-    """Polls the Pods `selector` picks, ten times a second, from a thread: each Pod's readiness
-    gate condition (True, False, or unset) in the order seen."""
-
-    def __init__(self, kube: Kube, namespace: str, selector: str) -> None:
-        self.kube, self.namespace, self.selector = kube, namespace, selector
-        self.history: dict[str, list[str]] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-        self._thread.start()
-
-    def _watch(self) -> None:
-        while not self._stop.wait(0.1):
-            with contextlib.suppress(client.ApiException, OSError):
-                listed = self.kube.core.list_namespaced_pod(
-                    self.namespace, label_selector=self.selector
-                )
-                for pod in listed.items:
-                    conditions = (pod.status.conditions if pod.status else None) or []
-                    state = next((c.status for c in conditions if c.type == pods.GATE), "unset")
-                    seen = self.history.setdefault(str(pod.metadata and pod.metadata.name), [])
-                    if not seen or seen[-1] != state:
-                        seen.append(str(state))
-
-    def went_false(self) -> set[str]:
-        return {pod for pod, states in self.history.items() if "False" in states}
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)

@@ -85,14 +85,18 @@ class Engine:
         return done.stdout or ""
 
     def succeeds(self, *arguments: str) -> bool:
-        done = subprocess.run(
+        return self._tried(*arguments).returncode == 0
+
+    def _tried(self, *arguments: str) -> subprocess.CompletedProcess[str]:
+        """An engine command whose failure is an answer, not an error."""
+        return subprocess.run(
             [self.name, *arguments],
             env=self.environment(),
             capture_output=True,
+            text=True,
             timeout=COMMAND_TIMEOUT_SECONDS,
             check=False,
         )
-        return done.returncode == 0
 
     def _written_containers_conf(self) -> Path:
         """Podman's containers.conf for every command of the run, from the first (loading the
@@ -137,15 +141,9 @@ class Engine:
     def is_running(self, container: str) -> bool:
         """Whether the container exists and runs: a node left by a run on a machine that was
         stopped since (a snapshot, a reboot) exists, stopped, and answers no command."""
-        done = subprocess.run(
-            [self.name, "inspect", "--type", "container", "--format", "{{.State.Running}}",
-             container],
-            env=self.environment(),
-            capture_output=True,
-            text=True,
-            timeout=COMMAND_TIMEOUT_SECONDS,
-            check=False,
-        )  # fmt: skip
+        done = self._tried(
+            "inspect", "--type", "container", "--format", "{{.State.Running}}", container
+        )
         return done.returncode == 0 and done.stdout.strip() == "true"
 
     def has_image(self, reference: str) -> bool:
