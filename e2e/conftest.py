@@ -92,7 +92,9 @@ def _start_local_cluster(config: pytest.Config) -> None:
         return
     try:
         building.require_binaries()
-        local.cluster = local.stack.enter_context(controlplane.running(keep_logs=True))
+        local.cluster = local.stack.enter_context(
+            controlplane.running(keep_logs=True, real_nodes=controlplane.E2E_REAL_NODES)
+        )
     except (building.BuildError, controlplane.ClusterError) as error:
         local.error = str(error)
 

@@ -258,13 +258,15 @@ def test_pods_have_namespaces_of_their_own_and_traffic_stays_among_the_run_s_hos
     shown = json.loads(subprocess.run(["ip", "-json", "addr"], capture_output=True,
                                       check=True).stdout)  # fmt: skip
     real_node = local_cluster.node
+    real_nodes = local_cluster.real_nodes
+    gateways = {(node.bridge, node.gateway) for node in real_nodes}
     for link in shown:
         for info in link.get("addr_info", []):
             address_on_host = ipaddress.ip_address(info["local"])
             if link["ifname"] == "lo":
                 assert address_on_host.is_loopback, f"{address_on_host} on the host's lo"
-            if (link["ifname"], str(address_on_host)) == (real_node.bridge, real_node.gateway):
-                continue  # the real node's gateway, where the API server listens
+            if (link["ifname"], str(address_on_host)) in gateways:
+                continue  # a real node's gateway (node 0's: where the API server listens)
             assert address_on_host not in pod_network, f"{address_on_host} on {link['ifname']}"
             assert address_on_host not in service_range
 
@@ -297,22 +299,23 @@ def test_pods_have_namespaces_of_their_own_and_traffic_stays_among_the_run_s_hos
             continue
         network = ipaddress.ip_network(destination)
         assert not network.overlaps(service_range), route
-        if destination == real_node.pod_cidr:  # the real node's Pods, on its bridge
-            assert route["dev"] == real_node.bridge, route
+        bridges = {node.pod_cidr: node.bridge for node in real_nodes}
+        if destination in bridges:  # a real node's Pods, on its bridge
+            assert route["dev"] == bridges[destination], route
             continue
         if network.overlaps(pod_network):  # a Pod's or a client's, through its own veth
             assert destination in ours, route
             assert route["dev"] == ours[destination].link, route
 
-    allowed = {podnetwork.GATEWAY, real_node.gateway, *ours}
-    real_pods = ipaddress.ip_network(real_node.pod_cidr)  # the kubelet probes its Pods
+    allowed = {podnetwork.GATEWAY, *(node.gateway for node in real_nodes), *ours}
+    real_pods = [ipaddress.ip_network(node.pod_cidr) for node in real_nodes]  # kubelets probe
     strangers = {
         peer
         for peer in peers
         if not ipaddress.ip_address(peer).is_loopback
         and peer not in allowed
         and ipaddress.ip_address(peer) not in service_range
-        and ipaddress.ip_address(peer) not in real_pods
+        and not any(ipaddress.ip_address(peer) in pods for pods in real_pods)
     }
     print(f"\nTCP peers of the run: {sorted(peers)}")
     assert not strangers, f"connections to {strangers}"

@@ -1,5 +1,6 @@
 """The real node's configuration and cleanup rules, without starting it or touching the host."""
 
+import dataclasses
 import ipaddress
 import json
 import shutil
@@ -100,8 +101,10 @@ def test_the_real_node_s_network_is_apart_from_kwok_nodes_and_clients_and_filter
     # The bridge is one of the run's links to the forward filter.
     assert realnodes.BRIDGE.startswith(podnetwork.LINK_PREFIX)
     assert len(realnodes.BRIDGE) <= 15
-    guarded = podnetwork.filter_rules(node_gateway=NODE.gateway)
-    assert 'ip daddr 10.88.254.1 iifname != "lo" iifname != "bpe*" drop' in guarded
+    guarded = podnetwork.filter_rules(node_gateways=[NODE.gateway, "10.88.253.1"])
+    assert 'ip daddr { 10.88.254.1, 10.88.253.1 } iifname != "lo" iifname != "bpe*" drop' in (
+        guarded
+    )
     assert "chain input" not in podnetwork.filter_rules()
 
 
@@ -267,3 +270,100 @@ def test_a_cluster_starting_elsewhere_is_seen_by_its_processes_owner_mark(tmp_pa
 def test_the_node_s_cpu_weight_is_a_process_s_for_each_core() -> None:
     assert realnodes.node_cpu_shares(2) == 2048
     assert realnodes.node_cpu_shares(1) == 1024
+
+
+def test_every_further_real_node_has_names_paths_and_a_pod_cidr_of_its_own() -> None:
+    state_dir = NODE.state_dir
+    first, second = (
+        realnodes.nth(index, state_dir=state_dir, pod_cidr=controlplane.real_node_pod_cidr(index))
+        for index in range(2)
+    )
+    # Node 0 keeps the names a one-node run always had.
+    assert (first.name, first.bridge, first.cgroup_root) == (
+        realnodes.NAME,
+        realnodes.BRIDGE,
+        realnodes.CGROUP_ROOT,
+    )
+    assert first.directory == state_dir / "node"
+    assert first.is_first
+    assert first.component("kubelet") == "kubelet"
+    assert (second.name, second.bridge, second.cgroup_root, second.network_name) == (
+        "batchpilot-node-1",
+        "bpenode1",
+        "batchpilot-e2e-1",
+        "batchpilot-e2e-1",
+    )
+    assert second.directory == state_dir / "node-1"
+    assert not second.is_first
+    assert second.component("containerd") == "containerd-node-1"
+    assert second.label_value == "real-1"
+    assert second.pod_cidr == "10.88.253.0/24"
+    assert second.gateway == "10.88.253.1"
+    with pytest.raises(realnodes.NodeError, match="nodes 0 to 3"):
+        realnodes.nth(realnodes.MAX_REAL_NODES, state_dir=state_dir, pod_cidr="10.88.250.0/24")
+
+    every = [
+        realnodes.nth(i, state_dir=state_dir, pod_cidr=controlplane.real_node_pod_cidr(i))
+        for i in range(realnodes.MAX_REAL_NODES)
+    ]
+    cidrs = [ipaddress.ip_network(node.pod_cidr) for node in every]
+    kwok = [
+        ipaddress.ip_network(controlplane.node_pod_cidr(index))
+        for index in range(controlplane.MAX_NODES)
+    ]
+    for index, cidr in enumerate(cidrs):
+        assert not any(cidr.overlaps(other) for other in cidrs[index + 1 :] + kwok)
+        assert not cidr.overlaps(podnetwork.CLIENT_NETWORK)
+    for node in every:
+        assert node.bridge.startswith(podnetwork.LINK_PREFIX)
+        assert len(node.bridge) <= 15
+        realnodes.check_paths(node)
+    # Their kubelets serve with certificates of their own names and run in cgroups apart.
+    config = realnodes.kubelet_config(second, pki=PKI)
+    assert config["tlsCertFile"] == str(PKI.kubelet_serving_cert("batchpilot-node-1"))
+    assert config["tlsCertFile"] != realnodes.kubelet_config(first, pki=PKI)["tlsCertFile"]
+    assert config["cgroupRoot"] == "/batchpilot-e2e-1"
+    assert config["address"] == "10.88.253.1"
+    assert realnodes.cni_config(second, routes=controlplane.HOST_ROUTES)["name"] == (
+        "batchpilot-e2e-1"
+    )
+    manifest = realnodes.node_manifest(second)
+    assert manifest["metadata"]["labels"][realnodes.NODE_LABEL[0]] == "real-1"
+    assert manifest["spec"]["taints"] == realnodes.node_manifest(first)["spec"]["taints"]
+
+
+def test_a_cluster_with_two_real_nodes_is_saved_and_loaded_and_stops_kubelets_first(
+    tmp_path: Path,
+) -> None:
+    ports, extra = controlplane.pick_ports(extra_nodes=1)
+    assert len(extra) == 1
+    assert len({*dataclasses.astuple(ports), *extra[0]}) == len(dataclasses.astuple(ports)) + 2
+    cluster = controlplane.Cluster(
+        state_dir=tmp_path,
+        kubernetes_version="v1.36.3",
+        ports=ports,
+        nodes=("kwok-node-0",),
+        pod_cidrs=("10.88.0.0/24",),
+        extra_node_ports=extra,
+    )
+    (tmp_path / controlplane.STATE_FILE).write_text(cluster.to_json())
+    loaded = controlplane.Cluster.load(tmp_path)
+    assert loaded == cluster
+    assert [node.name for node in loaded.real_nodes] == ["batchpilot-node-0", "batchpilot-node-1"]
+    assert loaded.node == loaded.real_nodes[0]
+    assert loaded.real_nodes[1].kubelet_healthz_port == extra[0][1]
+    assert loaded.api_address == "10.88.254.1"
+    # A state file written before there were further nodes loads as one real node.
+    older = json.loads(cluster.to_json())
+    del older["extra_node_ports"]
+    (tmp_path / controlplane.STATE_FILE).write_text(json.dumps(older))
+    assert len(controlplane.Cluster.load(tmp_path).real_nodes) == 1
+
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    for name in ("etcd", "kubelet", "containerd", "kubelet-node-1", "containerd-node-1"):
+        (pids / f"{name}.pid").write_text("1\n")
+    order = controlplane.stop_order(tmp_path)
+    assert order[:4] == ("kubelet-node-1", "kubelet", "containerd-node-1", "containerd")
+    assert order[-1] == "podnetwork-lock"
+    assert set(order) >= set(controlplane.COMPONENTS)

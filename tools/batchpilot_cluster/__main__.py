@@ -22,6 +22,12 @@ def main(argv: list[str] | None = None) -> int:
     build_parser.add_argument("--force", action="store_true", help="rebuild even if current")
     up_parser = commands.add_parser("up", help="build if needed, then start a cluster")
     up_parser.add_argument("--nodes", type=int, default=1, help="kwok nodes (default 1)")
+    up_parser.add_argument(
+        "--real-nodes",
+        type=int,
+        default=controlplane.E2E_REAL_NODES,
+        help=f"real nodes, containerd and a kubelet each (default {controlplane.E2E_REAL_NODES})",
+    )
     down_parser = commands.add_parser("down", help="stop everything and delete the state dir")
     down_parser.add_argument("--keep-logs", action="store_true", help="keep <state>/logs")
     commands.add_parser("status", help="say whether a cluster is up, and where")
@@ -32,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         "names", nargs="*", metavar="NAME", help="only these (default: all)", default=None
     )
     import_parser = commands.add_parser(
-        "import", help="import OCI archives into the real node's containerd (no registry here)"
+        "import", help="import OCI archives into every real node's containerd (no registry here)"
     )
     import_parser.add_argument("archives", nargs="+", type=Path, help="OCI archive files")
     args = parser.parse_args(argv)
@@ -49,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             if controlplane.is_up(state_dir):
                 print(f"already up; KUBECONFIG={state_dir / 'kubeconfig'}")
                 return 0
-            controlplane.start(state_dir=state_dir, nodes=args.nodes)
+            controlplane.start(state_dir=state_dir, nodes=args.nodes, real_nodes=args.real_nodes)
         elif args.command == "down":
             controlplane.stop(state_dir=state_dir, keep_logs=args.keep_logs)
         elif args.command == "status":
@@ -61,11 +67,11 @@ def main(argv: list[str] | None = None) -> int:
             if not controlplane.is_up(state_dir):
                 print(f"error: no cluster up in {state_dir}", file=sys.stderr)
                 return 1
-            node = controlplane.Cluster.load(state_dir).node
             ctr = building.require_binaries() / "ctr"
-            for archive in args.archives:
-                realnodes.import_image(node, ctr=ctr, archive=archive)
-                print(f"imported {archive} into {node.name}")
+            for node in controlplane.Cluster.load(state_dir).real_nodes:
+                for archive in args.archives:
+                    realnodes.import_image(node, ctr=ctr, archive=archive)
+                    print(f"imported {archive} into {node.name}")
     except (building.BuildError, controlplane.ClusterError, realnodes.NodeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

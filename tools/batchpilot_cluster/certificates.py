@@ -84,13 +84,11 @@ class Pki:
     def service_account_pub(self) -> Path:
         return self.directory / "sa.pub"
 
-    @property
-    def kubelet_serving_cert(self) -> Path:
-        return self.directory / "kubelet.crt"
+    def kubelet_serving_cert(self, node_name: str) -> Path:
+        return self.directory / f"kubelet-{node_name}.crt"
 
-    @property
-    def kubelet_serving_key(self) -> Path:
-        return self.directory / "kubelet.key"
+    def kubelet_serving_key(self, node_name: str) -> Path:
+        return self.directory / f"kubelet-{node_name}.key"
 
     def client_cert(self, identity: Identity) -> Path:
         return self.directory / f"{identity.file_stem}.crt"
@@ -255,9 +253,9 @@ def issue_node(pki: Pki, *, node_name: str, node_ip: str) -> None:
     ca_name = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes()).subject
     issue_client(pki, node_identity(node_name), ca_name=ca_name, ca_key=ca_key)
     serving_key = new_key()
-    write_key(pki.kubelet_serving_key, serving_key)
+    write_key(pki.kubelet_serving_key(node_name), serving_key)
     write_cert(
-        pki.kubelet_serving_cert,
+        pki.kubelet_serving_cert(node_name),
         issue(
             subject=name(f"system:node:{node_name}", ("system:nodes",)),
             public_key=serving_key.public_key(),

@@ -6,7 +6,8 @@ make Pods; namespaces get deleted; service-account tokens and root-CA config map
 EndpointSlices follow Pods' readiness), the scheduler, kwok for nodes and pod status, kube-proxy
 (nftables mode) so that Services route to Ready Pods as in a cluster, client network namespaces
 (``podnetwork``), and one real node (``realnodes``: containerd and a kubelet, Pods on a CNI
-bridge) for the Pods that must really run.
+bridge) for the Pods that must really run, or more of them (``real_nodes``: each its own
+containerd, kubelet, bridge, podCIDR and cgroups, the host routing between their bridges).
 
 The API server listens on the real node's bridge gateway, not on 127.0.0.1: Pods reach it
 through the ``kubernetes`` Service (in-cluster config), whose endpoint the API server maintains
@@ -55,9 +56,12 @@ SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 POD_NETWORK = ipaddress.ip_network("10.88.0.0/16")  # one /24 per node, like --allocate-node-cidrs
 HOST_ROUTES = (str(POD_NETWORK), SERVICE_CLUSTER_IP_RANGE)
 """What every network namespace of the run, a Pod's or a client's, routes through the host."""
-MAX_NODES = 254  # kwok nodes take 10.88.0-253; the real node 10.88.254, clients 10.88.255
+MAX_NODES = 255 - realnodes.MAX_REAL_NODES
+"""kwok nodes take 10.88.0-250; real node N 10.88.(254-N); clients 10.88.255."""
 NODE_PREFIX = "kwok-node-"
-REAL_NODE_POD_CIDR = "10.88.254.0/24"
+E2E_REAL_NODES = 2
+"""The e2e suite's cluster (``up``'s default): node 0 runs every test's Pods, and both run the
+tests that spread replicas over nodes (``fleet.spread_placement``)."""
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 STAGES_FILE = Path(__file__).with_name("kwok") / "stages.yaml"
 # Stop order: the kubelet first (it would restart what containerd loses), then containerd,
@@ -94,6 +98,14 @@ class Ports:
     kubelet_healthz: int
 
 
+def real_node_pod_cidr(index: int) -> str:
+    """Real node N's podCIDR: from the top of the pod network down, below the clients'."""
+    return str(list(POD_NETWORK.subnets(new_prefix=24))[254 - index])
+
+
+REAL_NODE_POD_CIDR = real_node_pod_cidr(0)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Cluster:
     """What a running cluster's users need; saved as state.json in its state dir."""
@@ -104,20 +116,31 @@ class Cluster:
     nodes: tuple[str, ...]
     pod_cidrs: tuple[str, ...]
     real_node: str = realnodes.NAME
+    extra_node_ports: tuple[tuple[int, int], ...] = ()
+    """The kubelet port and healthz port of each real node after the first."""
 
     @property
     def kubeconfig(self) -> Path:
         return self.state_dir / "kubeconfig"
 
     @property
-    def node(self) -> realnodes.Node:
-        return realnodes.Node(
-            name=self.real_node,
-            state_dir=self.state_dir,
-            pod_cidr=REAL_NODE_POD_CIDR,
-            kubelet_port=self.ports.kubelet,
-            kubelet_healthz_port=self.ports.kubelet_healthz,
+    def real_nodes(self) -> tuple[realnodes.Node, ...]:
+        """Node 0, where the API server listens, then the others."""
+        ports = ((self.ports.kubelet, self.ports.kubelet_healthz), *self.extra_node_ports)
+        return tuple(
+            realnodes.nth(
+                index,
+                state_dir=self.state_dir,
+                pod_cidr=real_node_pod_cidr(index),
+                kubelet_port=kubelet,
+                kubelet_healthz_port=healthz,
+            )
+            for index, (kubelet, healthz) in enumerate(ports)
         )
+
+    @property
+    def node(self) -> realnodes.Node:
+        return self.real_nodes[0]
 
     @property
     def api_address(self) -> str:
@@ -154,6 +177,8 @@ class Cluster:
                 "nodes": list(self.nodes),
                 "pod_cidrs": list(self.pod_cidrs),
                 "real_node": self.real_node,
+                "extra_node_ports": [list(ports) for ports in self.extra_node_ports],
+                "real_nodes": [node.name for node in self.real_nodes],
                 "kubeconfig": str(self.kubeconfig),
                 "server": self.server,
             },
@@ -170,14 +195,23 @@ class Cluster:
             nodes=tuple(data["nodes"]),
             pod_cidrs=tuple(data["pod_cidrs"]),
             real_node=data["real_node"],
+            extra_node_ports=tuple(
+                (int(kubelet), int(healthz))
+                for kubelet, healthz in data.get("extra_node_ports", [])
+            ),
         )
 
 
-def pick_ports() -> Ports:
-    """Ports that were free a moment ago; the window before the components bind them is small."""
+def pick_ports(*, extra_nodes: int = 0) -> tuple[Ports, tuple[tuple[int, int], ...]]:
+    """Ports that were free a moment ago (the window before the components bind them is small):
+    the cluster's, and a kubelet port and a healthz port for each real node after the first."""
     names = [field.name for field in dataclasses.fields(Ports)]
-    chosen = local_triton.free_ports("127.0.0.1", len(names))
-    return Ports(**dict(zip(names, chosen, strict=True)))
+    chosen = local_triton.free_ports("127.0.0.1", len(names) + 2 * extra_nodes)
+    extra = chosen[len(names) :]
+    return (
+        Ports(**dict(zip(names, chosen[: len(names)], strict=True))),
+        tuple((extra[2 * i], extra[2 * i + 1]) for i in range(extra_nodes)),
+    )
 
 
 def node_pod_cidr(index: int) -> str:
@@ -333,11 +367,18 @@ def is_up(state_dir: Path) -> bool:
 
 
 def start(
-    *, state_dir: Path | None = None, nodes: int = 1, say: Callable[[str], None] = print
+    *,
+    state_dir: Path | None = None,
+    nodes: int = 1,
+    real_nodes: int = 1,
+    say: Callable[[str], None] = print,
 ) -> Cluster:
-    """Start a fresh cluster in state_dir (stopping any leftovers there first)."""
+    """Start a fresh cluster in state_dir (stopping any leftovers there first), with `nodes`
+    kwok nodes and `real_nodes` real ones."""
     if not 1 <= nodes <= MAX_NODES:
         raise ClusterError(f"nodes must be between 1 and {MAX_NODES}")
+    if not 1 <= real_nodes <= realnodes.MAX_REAL_NODES:
+        raise ClusterError(f"real nodes must be between 1 and {realnodes.MAX_REAL_NODES}")
     state_dir = (state_dir or locations.state_dir()).resolve()
     bin_dir = building.require_binaries()
     stop(state_dir=state_dir, keep_logs=False, say=lambda _: None)
@@ -357,12 +398,14 @@ def start(
     if removed:
         say(f"removed network namespaces an earlier run left: {', '.join(removed)}")
     state_dir.mkdir(parents=True)
+    ports, extra_node_ports = pick_ports(extra_nodes=real_nodes - 1)
     cluster = Cluster(
         state_dir=state_dir,
         kubernetes_version=versions.KUBERNETES,
-        ports=pick_ports(),
+        ports=ports,
         nodes=tuple(f"{NODE_PREFIX}{i}" for i in range(nodes)),
         pod_cidrs=tuple(node_pod_cidr(i) for i in range(nodes)),
+        extra_node_ports=extra_node_ports,
     )
     (state_dir / STATE_FILE).write_text(cluster.to_json())
     say(f"starting Kubernetes {versions.KUBERNETES} in {state_dir}")
@@ -381,7 +424,8 @@ def start(
             cwd=locations.REPO_ROOT,
         )
         startup.wait("the pod network's lock", lock_taken.exists, log_of="podnetwork-lock")
-        realnodes.prepare(cluster.node, routes=HOST_ROUTES)
+        for node in cluster.real_nodes:
+            realnodes.prepare(node, routes=HOST_ROUTES)
         pause_archive = pauseimages.build()
         _start_components(cluster, startup, bin_dir=bin_dir, pause_archive=pause_archive)
     except (realnodes.NodeError, pauseimages.PauseImageError) as error:
@@ -414,7 +458,8 @@ def _start_components(
             str(next(ipaddress.ip_network(SERVICE_CLUSTER_IP_RANGE).hosts())),
         ),
     )
-    certificates.issue_node(pki, node_name=cluster.real_node, node_ip=cluster.node.gateway)
+    for node in cluster.real_nodes:
+        certificates.issue_node(pki, node_name=node.name, node_ip=node.gateway)
     clientconfigs.write(
         cluster.kubeconfig, server=cluster.server, pki=pki, identity=certificates.ADMIN
     )
@@ -447,10 +492,11 @@ def _start_components(
     )
     startup.wait("etcd healthy", lambda: _http_ok(f"{etcd_client}/health", expect='"true"'))
 
-    # The API server binds the real node's gateway: the bridge first, and the filter that keeps
-    # it to the run's interfaces.
-    realnodes.make_bridge(cluster.node)
-    podnetwork.claim(HOST_ROUTES, node_gateway=cluster.node.gateway)
+    # The API server binds the real node's gateway: the bridges first, and the filter that keeps
+    # them to the run's interfaces.
+    for node in cluster.real_nodes:
+        realnodes.make_bridge(node)
+    podnetwork.claim(HOST_ROUTES, node_gateways=[node.gateway for node in cluster.real_nodes])
     startup.start(
         "kube-apiserver",
         [
@@ -539,16 +585,19 @@ def _start_components(
     )
     for name, pod_cidr in zip(cluster.nodes, cluster.pod_cidrs, strict=True):
         admin.request("POST", "/api/v1/nodes", body=node_manifest(name, pod_cidr))
-    # Registered before kube-proxy, which proxies for it, and before its kubelet starts.
-    admin.request("POST", "/api/v1/nodes", body=realnodes.node_manifest(cluster.node))
+    # Registered before kube-proxy, which proxies for node 0, and before their kubelets start.
+    for node in cluster.real_nodes:
+        admin.request("POST", "/api/v1/nodes", body=realnodes.node_manifest(node))
     startup.wait(
         f"{len(cluster.nodes)} kwok node(s) Ready",
         lambda: all(_node_ready(admin, name) for name in cluster.nodes),
     )
 
-    # The real node before kube-proxy, which proxies for it: kube-proxy waits (30 s) for its
-    # node to have an address, which the kubelet reports.
-    _start_node(cluster, startup, bin_dir=bin_dir, pause_archive=pause_archive)
+    # The real nodes before kube-proxy, which proxies for node 0: kube-proxy waits (30 s) for
+    # its node to have an address, which the kubelet reports. One kube-proxy serves them all:
+    # they share the host's network namespace, where its rules are.
+    for node in cluster.real_nodes:
+        _start_node(cluster, startup, node, bin_dir=bin_dir, pause_archive=pause_archive)
 
     proxy_config = state_dir / "kube-proxy.yaml"
     proxy_config.write_text(
@@ -577,9 +626,15 @@ def _start_components(
     )
 
 
-def _start_node(cluster: Cluster, startup: _Startup, *, bin_dir: Path, pause_archive: Path) -> None:
+def _start_node(
+    cluster: Cluster,
+    startup: _Startup,
+    node: realnodes.Node,
+    *,
+    bin_dir: Path,
+    pause_archive: Path,
+) -> None:
     """containerd with the pause image imported, the Node registered, then its kubelet."""
-    node = cluster.node
     runc = shutil.which("runc")
     if runc is None:  # realnodes.prepare said so already; this keeps the type checker informed
         raise ClusterError("runc is not installed")
@@ -592,18 +647,19 @@ def _start_node(cluster: Cluster, startup: _Startup, *, bin_dir: Path, pause_arc
         )
     )
     environment = realnodes.environment(bin_dir, os.environ)
+    containerd, kubelet = node.component("containerd"), node.component("kubelet")
     startup.start(
-        "containerd", realnodes.containerd_argv(node, containerd=bin_dir / "containerd"),
+        containerd, realnodes.containerd_argv(node, containerd=bin_dir / "containerd"),
         env=environment,
     )  # fmt: skip
     startup.wait(
-        "containerd serving",
+        f"{containerd} serving",
         lambda: _ctr_ok(bin_dir / "ctr", node.containerd_socket),
         timeout=30,
-        log_of="containerd",
+        log_of=containerd,
     )
     realnodes.import_image(node, ctr=bin_dir / "ctr", archive=pause_archive)
-    startup.say(f"  pause image imported: {time.monotonic() - startup.t0:.1f} s")
+    startup.say(f"  pause image imported into {node.name}: {time.monotonic() - startup.t0:.1f} s")
 
     admin = cluster.client()
     clientconfigs.write(
@@ -613,13 +669,13 @@ def _start_node(cluster: Cluster, startup: _Startup, *, bin_dir: Path, pause_arc
         yaml.safe_dump(realnodes.kubelet_config(node, pki=cluster.pki), sort_keys=False)
     )
     startup.start(
-        "kubelet", realnodes.kubelet_argv(node, kubelet=bin_dir / "kubelet"), env=environment
+        kubelet, realnodes.kubelet_argv(node, kubelet=bin_dir / "kubelet"), env=environment
     )
     startup.wait(
         f"node {node.name} Ready",
         lambda: _node_ready(admin, node.name),
         timeout=120,
-        log_of="kubelet",
+        log_of=kubelet,
     )
 
 
@@ -632,6 +688,7 @@ def restart_node(cluster: Cluster, *, say: Callable[[str], None] = print) -> Non
         _start_node(
             cluster,
             startup,
+            cluster.node,
             bin_dir=building.require_binaries(),
             pause_archive=pauseimages.build(),
         )
@@ -688,6 +745,21 @@ def restart(cluster: Cluster, component: str, *, down_seconds: float = 0.0) -> f
         time.sleep(0.2)
 
 
+def stop_order(state_dir: Path) -> tuple[str, ...]:
+    """The components in the order they stop: every real node's kubelet (each would restart
+    what its containerd loses), then every containerd, then the rest, the lock last."""
+    recorded = sorted(path.stem for path in (state_dir / "pids").glob("*.pid"))
+    node_programs = ("kubelet", "containerd")
+    of_other_nodes = {
+        program: [name for name in recorded if name.startswith(f"{program}-")]
+        for program in node_programs
+    }
+    return (
+        *(name for program in node_programs for name in (*of_other_nodes[program], program)),
+        *(name for name in reversed(COMPONENTS) if name not in node_programs),
+    )
+
+
 def stop(
     *,
     state_dir: Path | None = None,
@@ -700,27 +772,28 @@ def stop(
         say(f"nothing to stop in {state_dir}")
         return
     t0 = time.monotonic()
-    processes.stop_recorded(state_dir, tuple(reversed(COMPONENTS)))
+    processes.stop_recorded(state_dir, stop_order(state_dir))
     leftovers = processes.sweep(state_dir)
     if leftovers:
         say(f"killed leftover processes {leftovers}")
     # The pod network, the real node's bridge and cgroups are the machine's, found by name:
     # leave them alone while another cluster holds the network or has processes running.
     network_free = podnetwork.holder() is None and not processes.other_owners(state_dir)
-    node_dir = state_dir / "node"
-    if network_free or node_dir.exists():
+    # Node 0 last: it puts back the host's settings that every kubelet shares.
+    for index in reversed(range(realnodes.MAX_REAL_NODES)):
+        node = realnodes.nth(index, state_dir=state_dir, pod_cidr=real_node_pod_cidr(index))
+        if not (network_free or node.directory.exists()):
+            continue
         try:
-            cleaned = realnodes.clean(node_dir, machine_wide=network_free).summary()
+            cleaned = realnodes.clean_node(node, machine_wide=network_free).summary()
         except realnodes.NodeError as error:
-            say(f"the real node's cleanup left something: {error}")
+            say(f"{node.name}'s cleanup left something: {error}")
         else:
             if cleaned:
-                say(f"removed the real node's {cleaned}")
-        left = realnodes.leftovers(
-            realnodes.Node(name=realnodes.NAME, state_dir=state_dir, pod_cidr=REAL_NODE_POD_CIDR)
-        )
+                say(f"removed {node.name}'s {cleaned}")
+        left = realnodes.leftovers(node)
         if left and network_free:
-            say(f"the real node left {left}")
+            say(f"{node.name} left {left}")
     if network_free:
         removed = podnetwork.release(HOST_ROUTES)
         if removed:
@@ -745,13 +818,14 @@ def running(
     *,
     state_dir: Path | None = None,
     nodes: int = 1,
+    real_nodes: int = 1,
     keep_logs: bool = True,
     say: Callable[[str], None] = print,
 ) -> Iterator[Cluster]:
     """A cluster for the duration of a with-block, stopped on errors, SIGINT and SIGTERM too."""
     restore = procfs.raise_on_sigterm()
     try:
-        cluster = start(state_dir=state_dir, nodes=nodes, say=say)
+        cluster = start(state_dir=state_dir, nodes=nodes, real_nodes=real_nodes, say=say)
         try:
             yield cluster
         finally:

@@ -211,32 +211,33 @@ def host_links() -> list[str]:
 # -- the network as a whole
 
 
-def claim(networks: Sequence[str], *, node_gateway: str | None = None) -> None:
+def claim(networks: Sequence[str], *, node_gateways: Sequence[str] = ()) -> None:
     """Unreachable routes for the networks (the pod network and the Service range: traffic to
     an address nothing serves, or to a Service kube-proxy has no rules for, fails at once
     instead of leaving by the default route), forwarding between the veths, and the filter that
-    keeps the namespaces' traffic on this machine (and, with the real node's gateway, keeps
-    what listens on it, the API server and the kubelet, to the run's own interfaces)."""
+    keeps the namespaces' traffic on this machine (and, with the real nodes' gateways, keeps
+    what listens on them, the API server and the kubelets, to the run's own interfaces)."""
     for network in networks:
         _must("ip", "route", "replace", "unreachable", network)
-    _must("nft", "-f", "-", stdin=filter_rules(node_gateway=node_gateway))
+    _must("nft", "-f", "-", stdin=filter_rules(node_gateways=node_gateways))
     forwarding = Path("/proc/sys/net/ipv4/ip_forward")
     if not FORWARDING_SAVED.exists():
         FORWARDING_SAVED.write_text(forwarding.read_text())
     forwarding.write_text("1\n")
 
 
-def filter_rules(*, node_gateway: str | None = None) -> str:
+def filter_rules(*, node_gateways: Sequence[str] = ()) -> str:
     ours = f'"{LINK_PREFIX}*"'
     # An address on any interface answers on every interface (Linux's weak host model): only
-    # loopback and the run's links may reach the real node's gateway.
+    # loopback and the run's links may reach the real nodes' gateways.
+    addresses = ", ".join(str(ipaddress.IPv4Address(gateway)) for gateway in node_gateways)
     guard = (
         f"""
   chain input {{
     type filter hook input priority filter - 10; policy accept;
-    ip daddr {ipaddress.IPv4Address(node_gateway)} iifname != "lo" iifname != {ours} drop
+    ip daddr {{ {addresses} }} iifname != "lo" iifname != {ours} drop
   }}"""
-        if node_gateway
+        if node_gateways
         else ""
     )
     return f"""\

@@ -47,6 +47,9 @@ BRIDGE = "bpenode0"
 """On podnetwork's ``bpe`` prefix, so its filter treats the bridge as one of the run's links."""
 CGROUP_ROOT = "batchpilot-e2e"
 NETWORK_NAME = "batchpilot-e2e"
+DIRECTORY_NAME = "node"
+MAX_REAL_NODES = 4
+"""Node 0 and up to three more (``nth``), each its own containerd, kubelet, bridge and cgroups."""
 TAINT_KEY = "nvidia.com/gpu"
 TAINT_VALUE = "present"
 """The real node is tainted as GKE and AKS taint their GPU nodes: Pods that do not tolerate it
@@ -55,6 +58,8 @@ toleration from the API server's ExtendedResourceToleration admission plugin, so
 Triton Deployment lands here as on a cluster's GPU node; other Pods meant for it tolerate the
 taint and select NODE_LABEL."""
 NODE_LABEL = ("batchpilot.dev/node", "real")
+"""Node 0's label; node N's value is ``real-N``, so Pods that select node 0 stay there and a
+test that spreads replicas over nodes names every value (``Node.label_value``)."""
 CNI_BIN_DIR = Path("/usr/lib/cni")
 CNI_PLUGINS = ("bridge", "host-local", "loopback")
 CGROUP_MOUNTS = Path("/sys/fs/cgroup")
@@ -91,12 +96,24 @@ class Node:
     bridge: str = BRIDGE
     cgroup_root: str = CGROUP_ROOT
     network_name: str = NETWORK_NAME
+    directory_name: str = DIRECTORY_NAME
+    label_value: str = NODE_LABEL[1]
     kubelet_port: int = 0
     kubelet_healthz_port: int = 0
 
     @property
     def directory(self) -> Path:
-        return self.state_dir / "node"
+        return self.state_dir / self.directory_name
+
+    @property
+    def is_first(self) -> bool:
+        """Node 0: the API server listens on its gateway, and it alone owns the host's settings
+        that every kubelet shares (iptables chains, kernel tunables, fixed dirs)."""
+        return self.directory_name == DIRECTORY_NAME
+
+    def component(self, program: str) -> str:
+        """The name its `program` (containerd, kubelet) runs under among the run's processes."""
+        return program if self.is_first else f"{program}-{self.directory_name}"
 
     @property
     def gateway(self) -> str:
@@ -154,6 +171,33 @@ class Node:
     def identity(self) -> certificates.Identity:
         """The kubelet's client identity, which Node authorization ties to this node."""
         return certificates.node_identity(self.name)
+
+
+def nth(
+    index: int,
+    *,
+    state_dir: Path,
+    pod_cidr: str,
+    kubelet_port: int = 0,
+    kubelet_healthz_port: int = 0,
+) -> Node:
+    """Real node `index` of a run. Node 0 keeps the names a one-node run has always had; node N
+    adds ``-N`` to its dir, cgroup root and network, and has bridge ``bpenodeN``."""
+    if not 0 <= index < MAX_REAL_NODES:
+        raise NodeError(f"real node {index}: a run has nodes 0 to {MAX_REAL_NODES - 1}")
+    suffix = f"-{index}" if index else ""
+    return Node(
+        name=f"batchpilot-node-{index}",
+        state_dir=state_dir,
+        pod_cidr=pod_cidr,
+        bridge=f"bpenode{index}",
+        cgroup_root=CGROUP_ROOT + suffix,
+        network_name=NETWORK_NAME + suffix,
+        directory_name=DIRECTORY_NAME + suffix,
+        label_value=NODE_LABEL[1] + suffix,
+        kubelet_port=kubelet_port,
+        kubelet_healthz_port=kubelet_healthz_port,
+    )
 
 
 # -- configuration, pure
@@ -301,8 +345,8 @@ def kubelet_config(node: Node, *, pki: certificates.Pki) -> dict[str, Any]:
         "readOnlyPort": 0,
         "healthzBindAddress": "127.0.0.1",
         "healthzPort": node.kubelet_healthz_port,
-        "tlsCertFile": str(pki.kubelet_serving_cert),
-        "tlsPrivateKeyFile": str(pki.kubelet_serving_key),
+        "tlsCertFile": str(pki.kubelet_serving_cert(node.name)),
+        "tlsPrivateKeyFile": str(pki.kubelet_serving_key(node.name)),
         "rotateCertificates": False,
         "serverTLSBootstrap": False,
         "authentication": {
@@ -360,7 +404,6 @@ def node_manifest(node: Node) -> dict[str, Any]:
     """The Node as the run registers it before the kubelet starts: with its podCIDR (nothing
     allocates one: the controller manager runs without --allocate-node-cidrs) and a GPU node's
     taint, which keeps Pods meant for kwok nodes off it."""
-    key, value = NODE_LABEL
     return {
         "apiVersion": "v1",
         "kind": "Node",
@@ -369,7 +412,7 @@ def node_manifest(node: Node) -> dict[str, Any]:
             "labels": {
                 "kubernetes.io/hostname": node.name,
                 "kubernetes.io/os": "linux",
-                key: value,
+                NODE_LABEL[0]: node.label_value,
             },
         },
         "spec": {
@@ -846,12 +889,15 @@ def clean(
     network_name: str = NETWORK_NAME,
     keep_bridge: bool = False,
     machine_wide: bool = True,
+    host_settings: bool = True,
 ) -> Cleaned:
     """Remove what a node left, from its dir and names alone: run after its kubelet, containerd
     and shims were stopped (``processes.sweep`` finds those by their owner mark). The bridge
     may stay (the API server listens on its gateway) while the node alone is restarted.
     Without `machine_wide` (another cluster runs), only what is under node_dir goes: the
-    bridge, the cgroups and the host's settings are found by name, and would be its."""
+    bridge, the cgroups and the host's settings are found by name, and would be its. Without
+    `host_settings` (a node after the first, whose kubelet shares them with node 0's), the
+    kubelet's iptables chains, the kernel tunables and the fixed dirs are left to node 0's."""
     killed = kill_cgroups(cgroup_root) if machine_wide else []
     containers = delete_runc_containers(node_dir / "runc")
     sockets = shim_sockets(node_dir / "run")
@@ -867,13 +913,14 @@ def clean(
             links.append(veth)
     for socket in sockets:
         socket.unlink(missing_ok=True)
-    if machine_wide:
+    host_wide = machine_wide and host_settings
+    if host_wide:
         remove_kubelet_chains()
         remove_tables_made_for_the_kubelet(node_dir)
         restore_sysctls(node_dir)
     remove_log_links(node_dir / "pod-logs")
     remove_cni_cache(network_name, sandboxes)
-    if machine_wide:  # last: the links and cache entries above were in them
+    if host_wide:  # last: the links and cache entries above were in them
         remove_dirs_made_for_the_node(node_dir)
     if node_dir.exists():
         shutil.rmtree(node_dir)
@@ -883,6 +930,19 @@ def clean(
         unmounted=tuple(unmounted),
         cgroups=tuple(cgroups),
         links=tuple(links),
+    )
+
+
+def clean_node(node: Node, *, keep_bridge: bool = False, machine_wide: bool = True) -> Cleaned:
+    """`clean` with the node's own names; the host's shared settings go with node 0 only."""
+    return clean(
+        node.directory,
+        bridge=node.bridge,
+        cgroup_root=node.cgroup_root,
+        network_name=node.network_name,
+        keep_bridge=keep_bridge,
+        machine_wide=machine_wide,
+        host_settings=node.is_first,
     )
 
 

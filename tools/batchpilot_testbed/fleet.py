@@ -109,6 +109,9 @@ class Placement:
     image volume; None where the run named none."""
     node_selector: dict[str, str] | None = None
     """The local cluster's real node (tainted for GPU Pods, which these tolerate); kind: any."""
+    spread_over: tuple[str, ...] = ()
+    """Real nodes' label values (``realnodes.NODE_LABEL``): Pods go to these nodes, the same
+    number on each as far as they divide (``spread_placement``)."""
 
 
 def placement(kube: Kube) -> Placement:
@@ -130,19 +133,35 @@ def placement(kube: Kube) -> Placement:
     )
 
 
+def spread_placement(kube: Kube) -> Placement:
+    """Triton Pods over every real node of the local cluster, one node's share each: replicas
+    as a Deployment with a topology spread runs them on a cluster's GPU nodes."""
+    if kube.local is None or len(kube.local.real_nodes) < 2:
+        raise PlacementError(
+            "Pods spread over real nodes need the local cluster with two or more "
+            "(`python -m batchpilot_cluster up --real-nodes 2`, as `make test` starts it)"
+        )
+    return dataclasses.replace(
+        _real_node_placement(kube.local.state_dir),
+        node_selector=None,
+        spread_over=tuple(node.label_value for node in kube.local.real_nodes),
+    )
+
+
 def _real_node_placement(state_dir: Path) -> Placement:
-    node = controlplane.Cluster.load(state_dir).node
     ctr = building.require_binaries() / "ctr"
     references = {}
     for name in (TRITON_IMAGE, SIDECAR_IMAGE, MODEL_REPOSITORY_IMAGE):
         try:
             built = images.archive(name)
             # Imported once per node: a node cleaned and started again has none.
-            if not realnodes.has_image(node, ctr=ctr, reference=built.reference):
-                started = time.monotonic()
-                realnodes.import_image(node, ctr=ctr, archive=built.archive)
-                took = time.monotonic() - started
-                print(f"\nimported {built.reference} in {took:.1f} s", flush=True)
+            for node in controlplane.Cluster.load(state_dir).real_nodes:
+                if not realnodes.has_image(node, ctr=ctr, reference=built.reference):
+                    started = time.monotonic()
+                    realnodes.import_image(node, ctr=ctr, archive=built.archive)
+                    took = time.monotonic() - started
+                    into = f"into {node.name} in {took:.1f} s"
+                    print(f"\nimported {built.reference} {into}", flush=True)
         except (images.ImageError, realnodes.NodeError) as error:
             raise PlacementError(f"{error} (`make images` builds them)") from None
         references[name] = built.reference
@@ -273,6 +292,7 @@ def triton_pod(
         ports=[client.V1ContainerPort(name="sidecar", container_port=endpoints.SIDECAR_PORT)],
     )
     gates = [client.V1PodReadinessGate(condition_type=pods.GATE)] if gated else None
+    spread = bool(placement.spread_over)
     return client.V1Pod(
         metadata=client.V1ObjectMeta(
             name=name, labels={**labels, **(GOVERNED_LABELS if governed else {})}
@@ -283,12 +303,38 @@ def triton_pod(
             readiness_gates=gates,
             termination_grace_period_seconds=5,
             node_selector=placement.node_selector,
+            affinity=_on_nodes(placement.spread_over) if spread else None,
+            topology_spread_constraints=[_spread_by_node(labels)] if spread else None,
             tolerations=[
                 client.V1Toleration(key=realnodes.TAINT_KEY, operator="Exists", effect="NoSchedule")
             ],
             enable_service_links=False,
             automount_service_account_token=False,
         ),
+    )
+
+
+def _on_nodes(label_values: Sequence[str]) -> client.V1Affinity:
+    """Only the real nodes with these values of ``realnodes.NODE_LABEL``."""
+    on = client.V1NodeSelectorRequirement(
+        key=realnodes.NODE_LABEL[0], operator="In", values=list(label_values)
+    )
+    return client.V1Affinity(
+        node_affinity=client.V1NodeAffinity(
+            required_during_scheduling_ignored_during_execution=client.V1NodeSelector(
+                node_selector_terms=[client.V1NodeSelectorTerm(match_expressions=[on])]
+            )
+        )
+    )
+
+
+def _spread_by_node(labels: dict[str, str]) -> client.V1TopologySpreadConstraint:
+    """As many of the Pods `labels` picks on each node as can be, never one more than another."""
+    return client.V1TopologySpreadConstraint(
+        max_skew=1,
+        topology_key="kubernetes.io/hostname",
+        when_unsatisfiable="DoNotSchedule",
+        label_selector=client.V1LabelSelector(match_labels=labels),
     )
 
 
@@ -362,11 +408,13 @@ def start_tritons(
     grpc_max_connection_age_ms: int | None = None,
     repository_secret: str | None = None,
     image_volume: bool = False,
+    where: Placement | None = None,
 ) -> dict[str, str]:
-    """Create `count` Triton Pods and wait until each serves; their IPs by name."""
+    """Create `count` Triton Pods (on the real node, or as `where` places them) and wait until
+    each serves; their IPs by name."""
     labels = labels or {"app": "triton"}
     names = [f"{prefix}-{index}" for index in range(count)]
-    where = placement(kube)
+    where = where or placement(kube)
     for name in names:
         pod = triton_pod(
             name,
