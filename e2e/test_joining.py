@@ -28,7 +28,7 @@ from batchpilot.admission import injections
 from batchpilot.api import names
 from batchpilot.kube import pods
 from batchpilot_cluster import podnetwork
-from batchpilot_testbed import clients, fleet, operators, waiting, webhooks
+from batchpilot_testbed import fleet, hitless, operators, waiting, webhooks
 from batchpilot_testbed.kubes import Kube
 from batchpilot_testbed.operators import OperatorProcess
 from batchpilot_triton import endpoints
@@ -221,33 +221,19 @@ def test_an_unmodified_deployment_labelled_after_install_is_injected_and_switche
     )
 
     # A switch under load through the Service: each Pod leaves it, reloads, comes back.
-    load = clients.ClientProcess(
-        client_host,
-        style="new-connection",
-        address=f"{cluster_ip}:{endpoints.TRITON_HTTP_PORT}",
+    patched = json.dumps({"spec": {"override": {"profile": "interactive", "reason": "e2e"}}})
+    switched = hitless.switch_to_interactive(
+        kube,
+        namespace,
+        ips,
+        switch=lambda: joining.kubectl("patch", "bp", "triton", "--type=merge", "-p", patched),
+        client_host=client_host,
+        service_ip=cluster_ip,
+        selector=SELECTOR,
         rate=RATE,
         seed=42,
     )
-    with load, fleet.readiness_watched(kube, namespace, SELECTOR) as readiness:
-        load.start()
-        patch = {"spec": {"override": {"profile": "interactive", "reason": "e2e"}}}
-        joining.kubectl("patch", "bp", "triton", "--type=merge", "-p", json.dumps(patch))
-        waiting.wait_for(
-            "interactive everywhere", fleet.everyone_serves(ips, "interactive"), timeout=90
-        )
-        waiting.wait_for("every gate back", fleet.all_gates_open(kube, namespace, ips), timeout=30)
-        records = load.stop()
-    failed = [record for record in records if not record.succeeded]
-    print(
-        f"{len(records)} requests through the Service, {len(failed)} failed; "
-        f"gates closed on {sorted(readiness.left())}"
-    )
-    assert len(records) > RATE * 3
-    assert not failed, [record.error for record in failed[:5]]
-    assert readiness.left() == set(ips)
-    # A Pod's gate closes only once the one let back in is Ready (in the API server's order,
-    # which the endpoint controller follows): always one Pod Ready and staying.
-    assert readiness.fewest_serving() == 1, readiness.snapshots
+    switched.assert_hitless(ips, rate=RATE)
 
 
 @pytest.mark.timeout(240)

@@ -6,7 +6,6 @@ bridges and one kube-proxy serves both. The model repository is an image every n
 """
 
 import ipaddress
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -14,10 +13,9 @@ import pytest
 
 from batchpilot_cluster import podnetwork
 from batchpilot_harness import procfs
-from batchpilot_testbed import clients, fleet, operators, waiting
+from batchpilot_testbed import fleet, hitless, operators, waiting
 from batchpilot_testbed.kubes import Kube
 from batchpilot_testbed.operators import OperatorProcess
-from batchpilot_triton import endpoints
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("triton_pods")]
 
@@ -72,35 +70,22 @@ def test_replicas_on_two_nodes_read_one_image_and_switch_through_a_service_faili
         timeout=30,
     )
 
-    load = clients.ClientProcess(
-        client_host,
-        style="new-connection",
-        address=f"{service_ip}:{endpoints.TRITON_HTTP_PORT}",
+    switched = hitless.switch_to_interactive(
+        kube,
+        namespace,
+        ips,
+        switch=lambda: operators.apply_policy(
+            kube, namespace, fleet.policy(**spec, override={"profile": "interactive"})
+        ),
+        client_host=client_host,
+        service_ip=service_ip,
+        selector="app=triton",
         rate=RATE,
         seed=7,
     )
-    with load, fleet.readiness_watched(kube, namespace, "app=triton") as readiness:
-        load.start()
-        time.sleep(4)  # requests on both replicas before the switch
-        operators.apply_policy(
-            kube, namespace, fleet.policy(**spec, override={"profile": "interactive"})
-        )
-        waiting.wait_for(
-            "interactive everywhere", fleet.everyone_serves(ips, "interactive"), timeout=90
-        )
-        waiting.wait_for("every gate open", fleet.all_gates_open(kube, namespace, ips), timeout=30)
-        records = load.stop()
-    failed = [record for record in records if not record.succeeded]
-    print(
-        f"{len(records)} requests through the Service, {len(failed)} failed; gates closed on "
-        f"{sorted(readiness.left())}; {operators.events(kube, namespace, 'RolledOut')}"
-    )
-    assert len(records) > RATE * 3
-    assert not failed, [record.error for record in failed[:5]]
-    # Each replica left its Service for its reload, and never both at once: the one on the
-    # other node was Ready and staying throughout.
-    assert readiness.left() == set(ips)
-    assert readiness.fewest_serving() == 1, readiness.snapshots
+    # Each replica left its Service for its reload, and never while the one on the other node
+    # was not Ready and staying.
+    switched.assert_hitless(ips, rate=RATE)
     assert any(
         message.startswith("interactive on 2/2 targets")
         for message in operators.events(kube, namespace, "RolledOut")
