@@ -6,6 +6,8 @@ bridges and one kube-proxy serves both. The model repository is an image every n
 """
 
 import ipaddress
+import re
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -13,9 +15,10 @@ import pytest
 
 from batchpilot_cluster import podnetwork
 from batchpilot_harness import procfs
-from batchpilot_testbed import fleet, hitless, operators, waiting
+from batchpilot_testbed import clients, fleet, hitless, operators, waiting
 from batchpilot_testbed.kubes import Kube
 from batchpilot_testbed.operators import OperatorProcess
+from batchpilot_triton import endpoints
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("triton_pods")]
 
@@ -91,3 +94,105 @@ def test_replicas_on_two_nodes_read_one_image_and_switch_through_a_service_faili
         for message in operators.events(kube, namespace, "RolledOut")
     )
     assert operator.process.poll() is None
+
+
+def _target(app: str) -> dict[str, Any]:
+    return {"selector": {"matchLabels": {"app": app}}, "port": "http", "models": [fleet.MODEL]}
+
+
+def _rolled_out(kube: Kube, namespace: str, policy: str, profile: str) -> tuple[float, float]:
+    """When `policy`'s rollout into `profile` ended (its RolledOut event's time, whole seconds)
+    and how long it took (its message: "interactive on 2/2 targets in 12.3s (2 reloads)")."""
+    for event in kube.core.list_namespaced_event(namespace).items:
+        found = re.match(rf"{profile} on \d+/\d+ targets in (\d+(?:\.\d+)?)s", event.message or "")
+        ours = event.reason == "RolledOut" and event.involved_object.name == policy
+        if ours and found and event.last_timestamp is not None:
+            return event.last_timestamp.timestamp(), float(found.group(1))
+    raise AssertionError(f"no RolledOut event of {policy} into {profile}")
+
+
+DRAIN_TIMEOUT = 16
+"""slow's drainTimeoutSeconds: its waves outlast a reload by half of it, on average."""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.usefixtures("spread")  # skips without two real nodes
+def test_a_policy_plans_for_a_longer_rollout_beside_it_on_its_node_and_not_on_another(
+    kube: Kube,
+    namespace: str,
+    client_host: podnetwork.Host,
+    start_operator: Callable[..., OperatorProcess],
+) -> None:
+    """leadTime auto plans a wave as long as the longest that ran beside the policy's own on its
+    nodes: reloads on one node share its cores and GPUs. Three policies switch at once. `slow`
+    (two replicas on node 1, a client keeping its connection to one of them, so that one's
+    drain runs to its timeout) has the longest wave; `beside` (one replica on node 1)
+    plans for it; `apart` (one replica on node 0), switching at the same time on the other
+    node, plans for its own."""
+    node_0, node_1 = fleet.on_real_node(kube, 0), fleet.on_real_node(kube, 1)
+    slow = fleet.start_tritons(kube, namespace, 2, gated=True, labels={"app": "slow"},
+                               prefix="slow", where=node_1)  # fmt: skip
+    beside = fleet.start_tritons(kube, namespace, 1, labels={"app": "beside"}, prefix="beside",
+                                 where=node_1)  # fmt: skip
+    apart = fleet.start_tritons(kube, namespace, 1, labels={"app": "apart"}, prefix="apart",
+                                where=node_0)  # fmt: skip
+    service_ip = fleet.create_service(kube, namespace, selector={"app": "slow"}, name="slow")
+    start_operator(interval=2.0)
+    specs: dict[str, dict[str, Any]] = {
+        "slow": {
+            "target": _target("slow"),
+            "rollout": {"maxUnavailable": 1, "drainTimeoutSeconds": DRAIN_TIMEOUT},
+        },
+        "beside": {"target": _target("beside")},
+        "apart": {"target": _target("apart")},
+    }
+    for name, spec in specs.items():
+        operators.apply_policy(kube, namespace, fleet.policy(name, **spec))
+    every = {**slow, **beside, **apart}
+    waiting.wait_for("bulk everywhere", fleet.everyone_serves(every, "bulk"), timeout=90)
+    waiting.wait_for(
+        "both slow Pods behind their Service",
+        lambda: fleet.ready_endpoints(kube, namespace, "slow") == set(slow.values()),
+        timeout=30,
+    )
+
+    load = clients.ClientProcess(
+        client_host,
+        style="one-connection",
+        address=f"{service_ip}:{endpoints.TRITON_HTTP_PORT}",
+        rate=20,
+        seed=3,
+    )
+    with load:
+        load.start()
+        time.sleep(2)  # the client's one connection is open, on one of the slow Pods
+        for name, spec in specs.items():
+            overridden = fleet.policy(name, **spec, override={"profile": "interactive"})
+            operators.apply_policy(kube, namespace, overridden)
+        waiting.wait_for(
+            "interactive everywhere", fleet.everyone_serves(every, "interactive"), timeout=120
+        )
+        load.stop()
+
+    def planned(name: str) -> float | None:
+        seconds = operators.policy_status(kube, namespace, name).get("measuredWaveSeconds")
+        return float(seconds) if seconds is not None else None
+
+    def slow_measured() -> float | None:
+        # A wave of `slow` is one of its two reloads and, on average, half of the drain.
+        seconds = planned("slow")
+        return seconds if seconds is not None and seconds >= DRAIN_TIMEOUT / 2 else None
+
+    slowest = waiting.wait_for("slow's long waves measured", slow_measured, timeout=30)
+    waiting.wait_for(
+        "beside to plan for slow's wave", lambda: planned("beside") == slowest, timeout=30
+    )
+    ended = {name: _rolled_out(kube, namespace, name, "interactive") for name in specs}
+    print(f"\nplanned waves: { {name: planned(name) for name in specs} }; rollouts: {ended}")
+    # apart's rollout ran while slow's did (whole-second event times), on the other node.
+    (slow_end, slow_took), (apart_end, apart_took) = ended["slow"], ended["apart"]
+    assert apart_end >= slow_end - slow_took - 1
+    assert apart_end - apart_took <= slow_end + 1
+    apart_planned = planned("apart")
+    assert apart_planned is not None
+    assert apart_planned < slowest

@@ -148,6 +148,20 @@ def spread_placement(kube: Kube) -> Placement:
     )
 
 
+def on_real_node(kube: Kube, index: int) -> Placement:
+    """Triton Pods on real node `index` of the local cluster alone (0: as `placement`)."""
+    if kube.local is None or len(kube.local.real_nodes) <= index:
+        raise PlacementError(
+            f"Pods on real node {index} need the local cluster with {index + 1} or more "
+            "(`python -m batchpilot_cluster up --real-nodes 2`, as `make test` starts it)"
+        )
+    key = realnodes.NODE_LABEL[0]
+    return dataclasses.replace(
+        _real_node_placement(kube.local.state_dir),
+        node_selector={key: kube.local.real_nodes[index].label_value},
+    )
+
+
 def _real_node_placement(state_dir: Path) -> Placement:
     ctr = building.require_binaries() / "ctr"
     references = {}
