@@ -149,6 +149,53 @@ async def test_a_login_that_hangs_holds_neither_the_loop_nor_the_call_past_its_d
 
 
 @pytest.mark.timeout(30)
+async def test_a_login_that_never_returns_holds_only_its_own_thread_and_a_bounded_few() -> None:
+    """Reading a kubeconfig has no deadline (a FIFO, a hung mount). The login after one that
+    hung runs at once on a thread of its own, not queued behind it; past MAX_RUNNING_LOGINS
+    hung ones, a login fails at once, saying why; once they return, logins work again."""
+    release = threading.Event()
+
+    def hangs() -> kopf.ConnectionInfo:
+        release.wait(20)
+        return kopf.ConnectionInfo(server="http://127.0.0.1:9")
+
+    def answers() -> kopf.ConnectionInfo:
+        return kopf.ConnectionInfo(server="http://127.0.0.1:10")
+
+    try:
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.2):
+                await client.log_in(hangs)
+        async with asyncio.timeout(5):
+            assert (await client.log_in(answers)).server == "http://127.0.0.1:10"
+        for _ in range(client.MAX_RUNNING_LOGINS - 1):
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.2):
+                    await client.log_in(hangs)
+        with pytest.raises(kopf.LoginError, match="earlier logins have not returned"):
+            await client.log_in(answers)
+    finally:
+        release.set()
+    async with asyncio.timeout(5):
+        while True:  # the hung threads return and count no more
+            try:
+                info = await client.log_in(answers)
+            except kopf.LoginError:
+                await asyncio.sleep(0.05)
+                continue
+            break
+    assert info.server == "http://127.0.0.1:10"
+
+
+async def test_a_login_s_error_reaches_its_caller() -> None:
+    def fails() -> kopf.ConnectionInfo:
+        raise kopf.LoginError("no kubeconfig")
+
+    with pytest.raises(kopf.LoginError, match="no kubeconfig"):
+        await client.log_in(fails)
+
+
+@pytest.mark.timeout(30)
 async def test_an_answer_over_the_cap_is_cut_off_there(serve_app: ServeApp) -> None:
     url = await serve_app(ApiServer((200, "flood")).app())
     kube = client.KubeClient(

@@ -16,11 +16,12 @@ provider needs it to log in).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import contextlib
 import dataclasses
 import json
 import logging
 import os
+import threading
 import urllib.parse
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -118,15 +119,56 @@ async def _read_capped(response: aiohttp.ClientResponse, cap: int) -> bytes | No
 LOGIN_SECONDS = 30.0
 """How long kopf's login waits (the client's own waits its call's deadline)."""
 
-_LOGINS = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kube-login")
-"""Logging in reads files and may run a kubeconfig's exec plugin, or the Kubernetes client's
-auth provider in a child process, for up to `logins.EXEC_SECONDS`: on a thread of its own, one
-login at a time, never on the event loop or its default pool."""
+MAX_RUNNING_LOGINS = 2
+"""Logins whose thread may still run at once: past it, a login fails at once, saying so."""
+
+_running_logins = 0
+_running_logins_lock = threading.Lock()
 
 
 async def log_in(login: Callable[[], kopf.ConnectionInfo] = login) -> kopf.ConnectionInfo:
-    """`login()` off the event loop; callers bound the wait (`asyncio.timeout`)."""
-    return await asyncio.get_running_loop().run_in_executor(_LOGINS, login)
+    """`login()` on a thread of its own, never on the event loop or its default pool; callers
+    bound the wait (`asyncio.timeout`). Logging in reads files and may run a kubeconfig's exec
+    plugin, or the Kubernetes client's auth provider in a child process, for up to
+    `logins.EXEC_SECONDS`; but reading a kubeconfig has no deadline (a FIFO, a hung network
+    mount), and a thread cannot be stopped. So each login has a daemon thread of its own: one
+    that never returns holds only that thread (not the next login, nor the process's exit),
+    and while `MAX_RUNNING_LOGINS` still run, the next login fails at once instead of adding
+    another."""
+    global _running_logins
+    with _running_logins_lock:
+        if _running_logins >= MAX_RUNNING_LOGINS:
+            raise kopf.LoginError(
+                f"{_running_logins} earlier logins have not returned (reading the kubeconfig or "
+                "the ServiceAccount's files hangs?): not starting another"
+            )
+        _running_logins += 1
+    loop = asyncio.get_running_loop()
+    answer: asyncio.Future[kopf.ConnectionInfo] = loop.create_future()
+
+    def settle(result: kopf.ConnectionInfo | None, error: BaseException | None) -> None:
+        if answer.done():  # the caller stopped waiting
+            return
+        if error is not None:
+            answer.set_exception(error)
+        else:
+            answer.set_result(result)  # type: ignore[arg-type]
+
+    def run() -> None:
+        global _running_logins
+        result, error = None, None
+        try:
+            result = login()
+        except BaseException as failed:  # handed to the caller, whatever it is
+            error = failed
+        finally:
+            with _running_logins_lock:
+                _running_logins -= 1
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=run, name="kube-login", daemon=True).start()
+    return await answer
 
 
 class KubeClient:
