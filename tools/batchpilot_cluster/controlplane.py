@@ -115,7 +115,6 @@ class Cluster:
     ports: Ports
     nodes: tuple[str, ...]
     pod_cidrs: tuple[str, ...]
-    real_node: str = realnodes.NAME
     extra_node_ports: tuple[tuple[int, int], ...] = ()
     """The kubelet port and healthz port of each real node after the first."""
 
@@ -176,7 +175,6 @@ class Cluster:
                 "ports": dataclasses.asdict(self.ports),
                 "nodes": list(self.nodes),
                 "pod_cidrs": list(self.pod_cidrs),
-                "real_node": self.real_node,
                 "extra_node_ports": [list(ports) for ports in self.extra_node_ports],
                 "real_nodes": [node.name for node in self.real_nodes],
                 "kubeconfig": str(self.kubeconfig),
@@ -194,7 +192,6 @@ class Cluster:
             ports=Ports(**data["ports"]),
             nodes=tuple(data["nodes"]),
             pod_cidrs=tuple(data["pod_cidrs"]),
-            real_node=data["real_node"],
             extra_node_ports=tuple(
                 (int(kubelet), int(healthz))
                 for kubelet, healthz in data.get("extra_node_ports", [])
@@ -340,7 +337,7 @@ def kube_proxy_config(cluster: Cluster, *, kubeconfig: Path) -> dict[str, Any]:
         "kind": "KubeProxyConfiguration",
         "mode": "nftables",
         "clientConnection": {"kubeconfig": str(kubeconfig)},
-        "hostnameOverride": cluster.real_node,
+        "hostnameOverride": cluster.node.name,
         "bindAddress": "127.0.0.1",
         "healthzBindAddress": f"127.0.0.1:{cluster.ports.kube_proxy_healthz}",
         "metricsBindAddress": f"127.0.0.1:{cluster.ports.kube_proxy_metrics}",
