@@ -119,7 +119,7 @@ def placement(kube: Kube) -> Placement:
     containerd if it lacks them. Elsewhere: the images `python -m batchpilot_testbed.kind test`
     named."""
     if kube.local is not None:
-        return _real_node_placement(kube.local.state_dir)
+        return _real_node_placement(kube.local)
     triton, sidecar = os.environ.get(TRITON_IMAGE_ENV), os.environ.get(SIDECAR_IMAGE_ENV)
     if not triton or not sidecar:
         raise PlacementError(
@@ -142,7 +142,7 @@ def spread_placement(kube: Kube) -> Placement:
             "(`python -m batchpilot_cluster up --real-nodes 2`, as `make test` starts it)"
         )
     return dataclasses.replace(
-        _real_node_placement(kube.local.state_dir),
+        _real_node_placement(kube.local),
         node_selector=None,
         spread_over=tuple(node.label_value for node in kube.local.real_nodes),
     )
@@ -157,19 +157,19 @@ def on_real_node(kube: Kube, index: int) -> Placement:
         )
     key = realnodes.NODE_LABEL[0]
     return dataclasses.replace(
-        _real_node_placement(kube.local.state_dir),
+        _real_node_placement(kube.local),
         node_selector={key: kube.local.real_nodes[index].label_value},
     )
 
 
-def _real_node_placement(state_dir: Path) -> Placement:
+def _real_node_placement(cluster: controlplane.Cluster) -> Placement:
     ctr = building.require_binaries() / "ctr"
     references = {}
     for name in (TRITON_IMAGE, SIDECAR_IMAGE, MODEL_REPOSITORY_IMAGE):
         try:
             built = images.archive(name)
             # Imported once per node: a node cleaned and started again has none.
-            for node in controlplane.Cluster.load(state_dir).real_nodes:
+            for node in cluster.real_nodes:
                 if not realnodes.has_image(node, ctr=ctr, reference=built.reference):
                     started = time.monotonic()
                     realnodes.import_image(node, ctr=ctr, archive=built.archive)
