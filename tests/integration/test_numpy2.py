@@ -11,7 +11,9 @@ its last line, with the model as it was.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +23,7 @@ import numpy as np
 import pytest
 from test_demo_models import infer
 
-from batchpilot_harness import demo_models, loadgen, local_triton, numpy2_env
+from batchpilot_harness import demo_models, loadgen, local_triton, numpy2_env, procfs
 from triton_fixtures import TritonFactory, triton_client
 
 pytestmark = pytest.mark.integration
@@ -101,18 +103,22 @@ def test_every_request_under_load_is_served_under_numpy_2(
     assert failed == []
 
 
+def check_command(numpy2_python: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        str(numpy2_python),
+        "-m",
+        "batchpilot_harness.gpuchecks",
+        "run",
+        "--device=cpu",
+        "--rate=50",
+        f"--out={out}",
+        *extra,
+    ]
+
+
 def check(numpy2_python: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [
-            str(numpy2_python),
-            "-m",
-            "batchpilot_harness.gpuchecks",
-            "run",
-            "--device=cpu",
-            "--rate=50",
-            f"--out={out}",
-            *extra,
-        ],
+        check_command(numpy2_python, out, *extra),
         capture_output=True,
         text=True,
         timeout=240,
@@ -153,9 +159,41 @@ def test_the_gpu_check_fails_with_the_model_that_failed_every_request_on_the_gpu
     )
     last = done.stdout.strip().splitlines()[-1]
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]
-    assert last.startswith("gpu-check: FAILED: "), last
+    assert last.startswith("gpu-check: FAILED: "), done.stdout[-3000:] + done.stderr[-2000:]
     assert "requests sent outside the switches failed" in last
     assert "output tensor shape does not match size of output" in last
+
+
+@pytest.mark.timeout(300)
+def test_a_tritonserver_that_dies_mid_run_is_the_last_line_with_its_exit_status(
+    numpy2_python: Path, tmp_path: Path
+) -> None:
+    # A CI run once lost its tritonserver during the first reload: the check printed a
+    # traceback instead of its verdict, and nothing said what became of the server.
+    command = check_command(numpy2_python, tmp_path, "--segment-seconds=30", "--cycles=1")
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as run:
+        assert run.stdout is not None
+        for line in run.stdout:
+            if line.startswith("Applied "):
+                break
+        else:
+            pytest.fail(f"the check ended before its first switch: {run.stderr.read()}")
+        (server,) = [
+            pid
+            for pid in procfs.children(run.pid)
+            if Path(os.readlink(f"/proc/{pid}/exe")).name == "tritonserver"
+        ]
+        os.kill(server, signal.SIGKILL)
+        rest, errors = run.communicate(timeout=120)
+    last = (rest.strip().splitlines() or ["(no line after the first switch)"])[-1]
+    assert run.returncode == 1, rest[-3000:] + errors[-2000:]
+    assert last.startswith("gpu-check: FAILED: the run failed: the measurement broke off: "), (
+        rest[-3000:] + errors[-2000:]
+    )
+    assert f"tritonserver exited with status -{int(signal.SIGKILL)}" in last
+    assert "Traceback" not in errors, errors[-2000:]
 
 
 def test_the_projects_own_numpy_is_1_so_numpy_2_needs_the_environment_above() -> None:

@@ -630,6 +630,12 @@ class LocalTriton:
     def running(self) -> bool:
         return self._process is not None and _exit_status(self._process.pid) is None
 
+    @property
+    def exit_status(self) -> int | None:
+        """The server's exit status once it exited (negative: the signal that killed it), or
+        None while it runs or before it started."""
+        return None if self._process is None else _exit_status(self._process.pid)
+
     def log_tail(self, size: int = _LOG_TAIL_BYTES) -> str:
         if self._log_to_console or self._run_directory is None or not self.log_path.exists():
             return ""

@@ -171,11 +171,26 @@ def run(plan: plans.Plan, out: Callable[[str], None] = print) -> Findings:
             triton, plan.out / "sidecar.log", interval=plan.sample_seconds
         ) as sidecar_url:
             out(f"Sidecar at {sidecar_url}; log: {plan.out / 'sidecar.log'}")
-            return asyncio.run(_measure(plan, triton, sidecar_url, startup, out))
+            try:
+                return asyncio.run(_measure(plan, triton, sidecar_url, startup, out))
+            except (aiohttp.ClientError, OSError, TimeoutError, servers.TritonError) as error:
+                # Said as the run's verdict, never a traceback: the last line must say why.
+                raise RuntimeError(_broke_off(error, triton)) from None
     except local_triton.LocalTritonError as error:
         raise RuntimeError(str(error)) from None
     finally:
         triton.stop()
+
+
+def _broke_off(error: BaseException, triton: local_triton.LocalTriton) -> str:
+    """Why the measurement stopped part-way, and whether tritonserver is still there."""
+    said = f"the measurement broke off: {type(error).__name__}: {error}".rstrip(": ")
+    status = triton.exit_status
+    if status is None:
+        return f"{said} (tritonserver still runs; its log: {triton.log_path})"
+    lines = [" ".join(line.split()) for line in triton.log_tail(4000).splitlines()]
+    tail = " | ".join([line for line in lines if line.strip("|+- ")][-8:])
+    return f"{said}; tritonserver exited with status {status}; its log ends: {tail}"
 
 
 # -- measuring ------------------------------------------------------------------------------------
