@@ -191,9 +191,9 @@ def grafana_server(tmp_path: Path) -> Iterator[StartGrafana]:
                 )
             stopping.append(process)
             health = _wait_healthy(url, process)
-            said = (directory / "stdout.log").read_text(errors="replace")
             if health is not None:
                 break
+            said = (directory / "stdout.log").read_text(errors="replace")
             if attempt == 0 and process.poll() is not None and STARTUP_ORG_RACE in said:
                 continue  # its first start lost the race on the empty database: once more
             log = log_path.read_text(errors="replace") if log_path.exists() else ""

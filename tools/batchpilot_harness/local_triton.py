@@ -628,7 +628,7 @@ class LocalTriton:
 
     @property
     def running(self) -> bool:
-        return self._process is not None and _exit_status(self._process.pid) is None
+        return self._process is not None and self.exit_status is None
 
     @property
     def exit_status(self) -> int | None:
