@@ -80,7 +80,12 @@ FAMILIES = {
         Family("step_time_base_seconds", "gauge", _MODEL, "t0: the fixed cost of a step."),
         Family("step_time_per_item_seconds", "gauge", _MODEL, "c: the cost that grows as b^alpha."),
         Family("step_time_exponent", "gauge", _MODEL, "alpha: how the step grows with the batch."),
-        Family("step_time_r_squared", "gauge", _MODEL, "Goodness of the fit (weighted R^2)."),
+        Family(
+            "step_time_r_squared",
+            "gauge",
+            _MODEL,
+            "Goodness of the fit (R^2, outliers discounted).",
+        ),
         Family("step_time_rmse_seconds", "gauge", _MODEL, "Root-mean-square residual of the fit."),
         Family("step_time_batch_sizes", "gauge", _MODEL, "Distinct batch sizes the fit used."),
         Family(

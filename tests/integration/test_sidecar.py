@@ -213,7 +213,8 @@ def test_the_fit_recovers_the_emulated_step_time_within_15_percent(
         f"{fitted['cMs']:.4f} ms (truth {truth.per_item_ms}), alpha {fitted['alpha']:.3f} "
         f"(truth {truth.exponent}); R^2 {fitted['rSquared']:.4f}, RMSE {fitted['rmseMs']:.3f} ms, "
         f"{len(fitted['batchSizes'])} batch sizes from {fitted['batchSizes'][0]} to "
-        f"{fitted['batchSizes'][-1]}, {fitted['executions']} executions"
+        f"{fitted['batchSizes'][-1]}, {fitted['executions']} executions, outliers"
+        f" {fitted['outliers']}"
     )
 
     # c and alpha trade off against each other in a fit over one range of batch sizes (under

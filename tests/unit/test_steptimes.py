@@ -84,6 +84,10 @@ def test_a_batch_size_that_is_off_altogether_is_named_an_outlier() -> None:
     assert isinstance(result, steptimes.Fit)
     assert result.outliers == (16,)
     assert_close(result.model, TRUTH, rel=0.05)
+    # R^2 weighs the points as the fit does, so the right curve reads as right (unweighted by
+    # the fit it was 0.20); the RMSE, over every point, still shows how far off 16 is.
+    assert result.r_squared > 0.99
+    assert result.rmse_ms > 5.0
 
 
 def test_a_linear_step_with_no_fixed_cost_is_fitted_on_the_boundary() -> None:
