@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -173,6 +174,25 @@ def test_the_repository_model_json_is_what_the_engine_was_started_with(
         (Path(llm_server.model_repository) / MODEL / "1" / "model.json").read_text()
     )
     assert base.arguments["model"] == str(llm_models.WEIGHTS_CONFIG)
+
+
+def test_no_thread_of_the_engine_is_pinned_to_a_core(
+    llm_server: local_triton.LocalTriton,
+) -> None:
+    """By default a CPU engine pins its OpenMP threads to cores, and everything beside it on
+    these two cores stalled for up to 1.5 s, Tritons' Python-backend stubs too
+    (`llm_models.ENGINE_THREAD_BINDING`)."""
+    everywhere = os.sched_getaffinity(0)
+    threads = {}
+    for pid in procfs.group_members(llm_server.pid):
+        with contextlib.suppress(OSError):  # a thread or process that ended meanwhile
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                with contextlib.suppress(OSError):
+                    name = (task / "comm").read_text().strip()
+                    threads[f"{pid}/{task.name} ({name})"] = os.sched_getaffinity(int(task.name))
+    assert len(threads) > 10, threads  # the server, its stub, the engine core and its worker
+    pinned = {thread: sorted(cpus) for thread, cpus in threads.items() if cpus != everywhere}
+    assert not pinned, f"pinned to fewer than the CPUs {sorted(everywhere)}: {pinned}"
 
 
 def test_the_sidecar_s_ttft_inter_token_latency_and_tokens_agree_with_the_client_s(

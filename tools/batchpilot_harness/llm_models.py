@@ -29,6 +29,20 @@ ENGINE_ARGUMENTS_FILE = "model.json"
 
 ENGINE_KVCACHE_GIB = 1
 """The KV cache each CPU engine reserves (VLLM_CPU_KVCACHE_SPACE)."""
+ENGINE_THREAD_BINDING = "nobind"
+"""VLLM_CPU_OMP_THREADS_BIND for every engine of the test world. By default ("auto") a CPU
+engine pins its worker, every thread of it, to a core it picks. On these 2-core machines a nice-0
+process that sleeps 300 ms then woke up over 0.3 s late 11 and 13 times in two runs of
+tests/integration/test_llm.py (up to 1.47 s), and 0 times unbound, the tests as fast; with a core
+kept busy, 23 times (up to 1.54 s) pinned and 11 (up to 1.17 s) unbound. Tritons beside an engine
+stall with it, and Triton 2.51 fails the batch in flight of a Python-backend stub that has not run
+for a second ("Stub process ... is not healthy"), then often crashes:
+docs/concepts/reliability.md."""
+ENGINE_THREADS = 1
+"""OMP_NUM_THREADS for the engines: the one thread the default binding gave them here (it keeps a
+core for the rest), with which the LLM tests' figures were measured. Unbound, vLLM leaves the
+count to torch, a thread per core, and the engine's step-time fit failed its test in the one run
+made so beside a busy core."""
 READY_SECONDS = 300.0
 """How long a server waits for its engine: 15-30 s on an idle machine, minutes on a busy one."""
 
@@ -76,6 +90,8 @@ def server(
         python_backends={"vllm": BACKENDS / "vllm"},
         environment={
             "VLLM_CPU_KVCACHE_SPACE": str(ENGINE_KVCACHE_GIB),
+            "VLLM_CPU_OMP_THREADS_BIND": ENGINE_THREAD_BINDING,
+            "OMP_NUM_THREADS": str(ENGINE_THREADS),
             "LANG": "C.UTF-8",
             "LC_ALL": "C.UTF-8",
         },
