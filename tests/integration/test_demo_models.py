@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import urllib.request
 
 import numpy as np
@@ -34,6 +35,21 @@ def infer(
 def snapshot(server: local_triton.LocalTriton) -> scraping.Snapshot:
     with urllib.request.urlopen(server.metrics_url, timeout=10.0) as response:
         return scraping.parse(response.read().decode())
+
+
+def counted(
+    server: local_triton.LocalTriton, since: scraping.Snapshot, model: str, requests: int
+) -> scraping.Snapshot:
+    """The first snapshot whose counters hold `requests` answered since `since`: Triton reports
+    an execution's statistics after its responses are sent, and on a busy machine a snapshot
+    taken at once missed the last one (9 executions of 10)."""
+    deadline = time.monotonic() + 10.0
+    while True:
+        found = snapshot(server)
+        answered = scraping.increase(since, found, model).requests_succeeded
+        if answered >= requests or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
 
 
 def test_gpu_sim_answers_with_tanh_of_its_input(server: local_triton.LocalTriton) -> None:
@@ -85,13 +101,15 @@ def test_gpu_sim_holds_the_device_for_its_step_time(server: local_triton.LocalTr
         step_time = demo_models.StepTime.from_model_config(
             client.get_model_config(demo_models.GPU_SIM)
         )
+        after = snapshot(server)
         for batch_size in (1, 8, 32, 128):
             values = np.zeros((batch_size, 16), dtype=np.float32)
-            before = snapshot(server)
+            before = after
             # One request at a time: every execution is one request's batch.
             for _ in range(requests_per_size):
                 infer(client, demo_models.GPU_SIM, values)
-            measured[batch_size] = scraping.increase(before, snapshot(server), demo_models.GPU_SIM)
+            after = counted(server, before, demo_models.GPU_SIM, requests_per_size)
+            measured[batch_size] = scraping.increase(before, after, demo_models.GPU_SIM)
 
     expected_total = 0.0
     for batch_size, counters in measured.items():
