@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import urllib.request
 
 import numpy as np
@@ -11,6 +10,7 @@ import pytest
 import tritonclient.http
 
 from batchpilot_harness import demo_models, loadgen, local_triton
+from batchpilot_testbed import waiting
 from batchpilot_triton import scraping
 from triton_fixtures import TritonFactory, dynamic_batching, triton_client
 
@@ -43,13 +43,18 @@ def counted(
     """The first snapshot whose counters hold `requests` answered since `since`: Triton reports
     an execution's statistics after its responses are sent, and on a busy machine a snapshot
     taken at once missed the last one (9 executions of 10)."""
-    deadline = time.monotonic() + 10.0
-    while True:
+
+    def holding_them() -> scraping.Snapshot | None:
         found = snapshot(server)
         answered = scraping.increase(since, found, model).requests_succeeded
-        if answered >= requests or time.monotonic() > deadline:
-            return found
-        time.sleep(0.05)
+        return found if answered >= requests else None
+
+    return waiting.wait_for(
+        f"{model}'s counters to hold {requests} answered requests",
+        holding_them,
+        timeout=10.0,
+        interval=0.05,
+    )
 
 
 def test_gpu_sim_answers_with_tanh_of_its_input(server: local_triton.LocalTriton) -> None:
