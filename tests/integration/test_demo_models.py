@@ -155,10 +155,11 @@ async def test_longer_queue_delay_makes_fewer_larger_batches_on_the_shared_devic
                 measured[name] = scraping.increase(before, snapshot(server), demo_models.GPU_SIM)
             summary = result.summary()
             # Every request sent is served; how many a loaded client manages to send at 800/s
-            # is the machine's (95 of 3,187 were not, beside a build).
+            # is the machine's (95 of 3,187 were not, beside a build; 1,785 in a busy run whose
+            # stalls put the eager profile's p50 at 1.2 s). The averages below need a few hundred.
             assert summary.failed == 0, summary.describe()
             assert summary.succeeded == summary.sent, summary.describe()
-            assert summary.sent >= summary.scheduled / 2, summary.describe()
+            assert summary.sent >= 400, summary.describe()
 
     eager, patient = measured["eager"], measured["patient"]
     assert eager.average_batch_size is not None

@@ -568,7 +568,8 @@ def test_a_first_start_lost_to_grafanas_own_org_race_is_made_once_more(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A busy suite run lost Grafana's first start to that race; the fixture starts it again, on
-    # the same database, for that failure alone. Here the first start fails that way.
+    # the same database, for that failure alone. Here the first start fails that way; the real
+    # first start after it may lose the real race, and is started again too.
     real = grafana_builds.require()
     first = tmp_path / "failed once"
     wrapper = tmp_path / "grafana"
