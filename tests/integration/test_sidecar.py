@@ -265,8 +265,9 @@ def test_the_fit_recovers_the_emulated_step_time_within_15_percent(
     assert all(abs(growth_errors[batch]) <= 0.15 for batch in dominant), growth_errors
     assert fitted["alpha"] == pytest.approx(truth.exponent, rel=0.15)
     # The fixed cost is the device's plus what the Python backend spends around it, whose
-    # measured mean the machine's load moves (1.0 to 1.6 ms per execution here): it lies
-    # between the device's and the device's plus twice that mean.
+    # measured mean the machine's load moves (0.6 to 0.8 ms per execution here with the test
+    # alone and a core busy, 1.0 to 1.6 in busy suite runs): it lies between the device's and
+    # the device's plus twice that mean.
     assert truth.base_ms < fitted["t0Ms"] < truth.base_ms + 2 * calibration.overhead_ms
     assert fitted["rSquared"] > 0.95
     assert len(fitted["batchSizes"]) >= 8
